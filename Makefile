@@ -1,0 +1,32 @@
+# Every target sets up what it needs: a venv in .venv with zerolite installed (editable).
+# On machines without an NVIDIA GPU the CPU build of torch is pinned (constraints-cpu.txt).
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.zerolite-installed
+NPROC     ?= 2
+CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
+
+.PHONY: setup demo test test-slow bench clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml constraints-cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(CONSTRAINTS) -e ".[test,triton]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) examples/train_gpt.py \
+		--deepspeed_config configs/zero3_cpu.json
+
+test: $(STAMP)
+	$(PY) -m pytest -q --durations=15
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(PY) -m pytest benchmarks -q -m "" --benchmark-only --benchmark-json=benchmarks/results/latest.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,13 @@
+"""zerolite Triton kernels (block-wise int8/int4 quantization, ZeRO++ qgZ style).
+
+Importing this package never imports triton; the Triton kernels live in
+``triton_kernels.quantize_triton`` and are loaded only when used.
+"""
+
+from .dispatch import dequantize, dequantize_sum, quantize, quantized_nbytes, triton_available
+from .quantize_ref import dequantize_ref, dequantize_sum_ref, quantize_ref
+
+__all__ = [
+    "quantize", "dequantize", "dequantize_sum", "quantized_nbytes", "triton_available",
+    "quantize_ref", "dequantize_ref", "dequantize_sum_ref",
+]

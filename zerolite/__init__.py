@@ -1,0 +1,16 @@
+"""zerolite: a small, readable ZeRO-3 engine with DeepSpeed's interface.
+
+    import zerolite as deepspeed
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, config="ds.json",
+                                                           model_parameters=model.parameters())
+"""
+from zerolite.comm.process_group import init_distributed
+from zerolite.config import add_config_arguments
+from zerolite.engine import ZeroEngine
+from zerolite.errors import ZeroliteConfigError, ZeroliteError, ZeroliteStateError
+from zerolite.initialize import initialize
+
+__version__ = "0.1.0"
+
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "ZeroEngine",
+           "ZeroliteError", "ZeroliteConfigError", "ZeroliteStateError", "__version__"]

@@ -1,0 +1,56 @@
+"""Thin wrappers over torch.distributed collectives.
+
+torch 2.13 renamed `all_gather_into_tensor`/`reduce_scatter_tensor` to `all_gather_single`/
+`reduce_scatter_single`; we call the new names where they exist and fall back otherwise, so
+`torch>=2.3` works. Every call is labelled with `record_function` for profiler timelines.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.autograd.profiler import record_function
+
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _DoneWork:
+    """Stand-in for a finished work handle (world size 1 needs no communication)."""
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group=None, async_op=False):
+    """Concatenate every rank's equal-sized `shard` into `output` (rank order)."""
+    with record_function("zerolite::all_gather"):
+        if dist.get_world_size(group) == 1:
+            output.copy_(shard)
+            return _DoneWork() if async_op else None
+        return _all_gather_flat(output, shard, group=group, async_op=async_op)
+
+
+def reduce_scatter_flat(output: torch.Tensor, full: torch.Tensor, group=None, async_op=False):
+    """Sum `full` over ranks and leave slice `rank` of the sum in `output`."""
+    with record_function("zerolite::reduce_scatter"):
+        if dist.get_world_size(group) == 1:
+            output.copy_(full)
+            return _DoneWork() if async_op else None
+        return _reduce_scatter_flat(output, full, op=dist.ReduceOp.SUM, group=group,
+                                    async_op=async_op)
+
+
+def all_reduce_sum(tensor: torch.Tensor, group=None, async_op=False):
+    with record_function("zerolite::all_reduce"):
+        if dist.get_world_size(group) == 1:
+            return _DoneWork() if async_op else None
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group=None):
+    with record_function("zerolite::broadcast"):
+        if dist.get_world_size(group) > 1:
+            dist.broadcast(tensor, src=src, group=group)

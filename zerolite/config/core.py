@@ -1,0 +1,267 @@
+"""``ZeroConfig`` (the whole validated config) and ``load_config`` (file / dict / args -> config)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerolite.errors import ZeroliteConfigError
+
+from ._util import (
+    ParseContext, check_bool, check_float, check_int, check_object, fail, fail_msg, is_auto,
+    logger, show, to_jsonable,
+)
+from .batch import BATCH_KEYS, derive_batch
+from .optim import OptimizerConfig, SchedulerConfig
+from .sections import (
+    ActivationCheckpointingConfig, Bf16Config, Fp16Config, ZeroliteExtrasConfig,
+    ZeroOptimizationConfig, parse_monitor,
+)
+from .support import TOP_LEVEL_IGNORED
+
+
+class ZeroliteConfigWarning(UserWarning):
+    """Config keys zerolite does not recognise (likely typos)."""
+
+
+_COMM_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16",
+                "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfp16": "bf16",
+                "bfloat16": "bf16"}
+
+_TOP_MODELLED = frozenset(BATCH_KEYS) | {
+    "optimizer", "scheduler", "fp16", "bf16", "bfloat16", "amp", "gradient_clipping",
+    "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
+    "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "zero_optimization",
+    "activation_checkpointing", "zerolite", "csv_monitor", "tensorboard"}
+
+
+@dataclass
+class ZeroConfig:
+    """A fully validated DeepSpeed-style config for one world size."""
+
+    train_batch_size: int
+    """Samples per optimizer step, over all ranks."""
+    train_micro_batch_size_per_gpu: int
+    """Samples per forward/backward on one rank."""
+    gradient_accumulation_steps: int
+    """Micro-batches accumulated per optimizer step."""
+    world_size: int
+    """Data-parallel ranks the batch triangle was derived for."""
+    optimizer: OptimizerConfig | None = None
+    """Optimizer to build, or None when the caller passes its own."""
+    scheduler: SchedulerConfig | None = None
+    """LR schedule to build, or None."""
+    fp16: Fp16Config = field(default_factory=Fp16Config)
+    """float16 mixed precision and loss scaling."""
+    bf16: Bf16Config = field(default_factory=Bf16Config)
+    """bfloat16 mixed precision."""
+    gradient_clipping: float = 0.0
+    """Max global gradient norm; 0.0 = no clipping."""
+    prescale_gradients: bool = False
+    """Divide gradients by world size before (rather than after) the reduction."""
+    gradient_predivide_factor: float = 1.0
+    """Divide gradients by this factor before the reduction, the rest after."""
+    communication_data_type: str | None = None
+    """dtype of gradient reductions: "fp32", "fp16", "bf16" or None (= training dtype)."""
+    steps_per_print: int = 10
+    """Log progress every this many optimizer steps."""
+    wall_clock_breakdown: bool = False
+    """Time forward/backward/step and log the breakdown."""
+    dataloader_drop_last: bool = False
+    """Drop the last incomplete batch in engine-built data loaders."""
+    zero_optimization: ZeroOptimizationConfig = field(default_factory=ZeroOptimizationConfig)
+    """ZeRO stage and its knobs."""
+    activation_checkpointing: ActivationCheckpointingConfig = field(
+        default_factory=ActivationCheckpointingConfig)
+    """DeepSpeed activation checkpointing options (accepted, not acted on)."""
+    zerolite: ZeroliteExtrasConfig = field(default_factory=ZeroliteExtrasConfig)
+    """zerolite's own options (top-level "zerolite" block)."""
+    csv_monitor: dict | None = None
+    """{enabled, output_path, job_name} or None."""
+    tensorboard: dict | None = None
+    """{enabled, output_path, job_name} or None."""
+    raw: dict = field(default_factory=dict, repr=False)
+    """The JSON exactly as given."""
+
+    def __post_init__(self):
+        self.world_size = check_int("world_size", self.world_size, gt=0)
+        if self.fp16.enabled and self.bf16.enabled:
+            fail_msg("fp16.enabled/bf16.enabled", "both are true; enable at most one of them")
+        self.gradient_clipping = check_float("gradient_clipping", self.gradient_clipping, ge=0)
+        self.prescale_gradients = check_bool("prescale_gradients", self.prescale_gradients)
+        self.gradient_predivide_factor = check_float("gradient_predivide_factor",
+                                                     self.gradient_predivide_factor, gt=0)
+        cdt = self.communication_data_type
+        if cdt is not None:
+            if not isinstance(cdt, str) or cdt.strip().lower() not in _COMM_DTYPES:
+                fail("communication_data_type", cdt, "one of 'fp32', 'fp16', 'bf16' (or null)")
+            self.communication_data_type = _COMM_DTYPES[cdt.strip().lower()]
+        self.steps_per_print = check_int("steps_per_print", self.steps_per_print, gt=0)
+        self.wall_clock_breakdown = check_bool("wall_clock_breakdown", self.wall_clock_breakdown)
+        self.dataloader_drop_last = check_bool("dataloader_drop_last", self.dataloader_drop_last)
+
+    @property
+    def precision_dtype(self):
+        """torch dtype of compute weights: bfloat16, float16 or float32."""
+        import torch
+
+        if self.bf16.enabled:
+            return torch.bfloat16
+        if self.fp16.enabled:
+            return torch.float16
+        return torch.float32
+
+    def to_dict(self) -> dict:
+        """The resolved config (defaults filled, "auto" resolved) as JSON-able DeepSpeed keys."""
+        out = to_jsonable({k: getattr(self, k) for k in self.__dataclass_fields__
+                           if k not in ("raw", "world_size")})
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict, world_size: int, *, hidden_size: int | None = None) -> "ZeroConfig":
+        """Validate ``raw`` (a parsed DeepSpeed JSON object) for ``world_size`` ranks."""
+        check_object("config", raw)
+        world_size = check_int("world_size", world_size, gt=0)
+        hidden_size = check_int("hidden_size", hidden_size, gt=0, none_ok=True)
+        ctx = ParseContext(hidden_size=hidden_size)
+        for key in raw:
+            if key not in _TOP_MODELLED and key not in TOP_LEVEL_IGNORED:
+                ctx.unknown.append(key)
+        try:
+            return cls._build(copy.deepcopy(raw), world_size, ctx)
+        finally:
+            if ctx.unknown:
+                # Note: one warning for all keys, so a typo is seen without drowning the log.
+                warnings.warn(
+                    f"zerolite config: {len(ctx.unknown)} unknown key(s) ignored: "
+                    + ", ".join(ctx.unknown), ZeroliteConfigWarning, stacklevel=3)
+
+    @classmethod
+    def _build(cls, raw: dict, world_size: int, ctx: ParseContext) -> "ZeroConfig":
+        train, micro, gas = derive_batch(raw, world_size)
+        if "bf16" in raw and "bfloat16" in raw:
+            fail_msg("bf16", "given twice (as 'bf16' and legacy 'bfloat16'); keep 'bf16'")
+        bf16_raw = raw.get("bf16", raw.get("bfloat16"))
+        amp = raw.get("amp")
+        if amp is not None:
+            check_object("amp", amp)
+            enabled = amp.get("enabled", False)
+            if not is_auto(enabled) and check_bool("amp.enabled", enabled):
+                fail("amp.enabled", enabled, "false (apex AMP is not supported; use fp16 or bf16)")
+        clip = raw.get("gradient_clipping", 0.0)
+        if is_auto(clip):
+            clip = 1.0
+            ctx.resolved("gradient_clipping", clip, "Hugging Face Trainer default max_grad_norm")
+        optimizer = OptimizerConfig.from_dict(raw.get("optimizer"), ctx)
+        scalars = {k: raw[k] for k in ("prescale_gradients", "gradient_predivide_factor",
+                                       "communication_data_type", "steps_per_print",
+                                       "wall_clock_breakdown", "dataloader_drop_last") if k in raw}
+        for k, v in scalars.items():
+            if is_auto(v):
+                fail(k, v, "a concrete value ('auto' cannot be resolved for this key)")
+        return cls(
+            train_batch_size=train, train_micro_batch_size_per_gpu=micro,
+            gradient_accumulation_steps=gas, world_size=world_size,
+            optimizer=optimizer, scheduler=SchedulerConfig.from_dict(raw.get("scheduler"), ctx),
+            fp16=Fp16Config.from_dict(raw.get("fp16"), ctx),
+            bf16=Bf16Config.from_dict(bf16_raw, ctx),
+            gradient_clipping=clip, **scalars,
+            zero_optimization=_zero_section(raw.get("zero_optimization"), ctx),
+            activation_checkpointing=ActivationCheckpointingConfig.from_dict(
+                raw.get("activation_checkpointing"), ctx),
+            zerolite=ZeroliteExtrasConfig.from_dict(raw.get("zerolite"), ctx),
+            csv_monitor=parse_monitor("csv_monitor", raw.get("csv_monitor"), ctx),
+            tensorboard=parse_monitor("tensorboard", raw.get("tensorboard"), ctx),
+            raw=raw,
+        )
+
+
+def _zero_section(v: Any, ctx: ParseContext) -> ZeroOptimizationConfig:
+    if isinstance(v, bool):
+        # Note: DeepSpeed's deprecated form "zero_optimization": true means stage 1.
+        logger.warning("zerolite config: zero_optimization=%s is deprecated; use {\"stage\": N}", v)
+        v = {"stage": 1 if v else 0}
+    return ZeroOptimizationConfig.from_dict(v, ctx)
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ZeroliteConfigError(f"{key}: duplicate key in a JSON object; keep one")
+        out[key] = value
+    return out
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    """Read a DeepSpeed JSON config file; errors name the path (and line/column)."""
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ZeroliteConfigError(f"config: file not found: {p!r} (cwd {os.getcwd()!r})") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ZeroliteConfigError(f"config: cannot read {p!r}: {e}") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as e:
+        raise ZeroliteConfigError(
+            f"config: invalid JSON in {p!r} at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except ZeroliteConfigError as e:
+        raise ZeroliteConfigError(f"{e} [config file {p!r}]") from None
+    if not isinstance(data, dict):
+        raise ZeroliteConfigError(
+            f"config: top level of {p!r} is {show(data)}; expected a JSON object {{...}}")
+    return data
+
+
+def _pick_source(config: Any, args: Any) -> Any:
+    arg_cfg = None
+    if args is not None:
+        arg_cfg = getattr(args, "deepspeed_config", None)
+        if arg_cfg is None and getattr(args, "deepscale_config", None) is not None:
+            logger.warning("zerolite config: --deepscale_config is deprecated; use --deepspeed_config")
+            arg_cfg = args.deepscale_config
+    if config is not None and arg_cfg is not None:
+        raise ZeroliteConfigError(
+            f"config: given twice, as the config argument and as args.deepspeed_config={arg_cfg!r}; "
+            "pass only one")
+    source = config if config is not None else arg_cfg
+    if source is None:
+        raise ZeroliteConfigError("config: no config given; pass a JSON path or dict "
+                                  "(or --deepspeed_config PATH via args)")
+    return source
+
+
+def load_config(config: Any, world_size: int, *, hidden_size: int | None = None,
+                args: argparse.Namespace | None = None) -> ZeroConfig:
+    """Load and validate a DeepSpeed config (JSON path, dict, or None with ``args``)."""
+    source = _pick_source(config, args)
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        raw = read_json(path)
+        try:
+            return ZeroConfig.from_dict(raw, world_size, hidden_size=hidden_size)
+        except ZeroliteConfigError as e:
+            raise ZeroliteConfigError(f"{e} [config file {path!r}]") from None
+    if isinstance(source, dict):
+        return ZeroConfig.from_dict(source, world_size, hidden_size=hidden_size)
+    fail("config", source, "a path to a JSON file or a dict")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add DeepSpeed's launcher flags (--deepspeed, --deepspeed_config) and return the parser."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed-compatible configuration")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable the engine (kept for DeepSpeed script compatibility).")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="Path to a DeepSpeed JSON config.")
+    group.add_argument("--deepscale", default=False, action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--deepscale_config", default=None, type=str, help=argparse.SUPPRESS)
+    return parser

@@ -1,0 +1,230 @@
+"""``optimizer`` and ``scheduler`` sections: canonical type names and DeepSpeed's default params."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ._util import (
+    REQUIRED, ParseContext, check_bool, check_float, check_int, check_object, check_str, fail,
+    fail_msg, is_auto, join, logger,
+)
+
+# Param kinds: "lr"/"nonneg" float >= 0, "float" any finite, "betas" pair in [0, 1),
+# "bool", "int>=0", "int>0", "int?>0" (int > 0 or null), "warmup_type", "ratio" float in [0, 1].
+_BETAS = (0.9, 0.999)
+_ADAM = {"lr": (1e-3, "lr"), "betas": (_BETAS, "betas"), "eps": (1e-8, "nonneg"),
+         "weight_decay": (0.0, "nonneg"), "bias_correction": (True, "bool"),
+         "amsgrad": (False, "bool"), "adam_w_mode": (True, "bool"), "torch_adam": (False, "bool")}
+
+OPTIMIZER_PARAMS: dict[str, dict[str, tuple]] = {
+    "Adam": _ADAM,
+    "AdamW": _ADAM,
+    "SGD": {"lr": (1e-3, "lr"), "momentum": (0.0, "nonneg"), "dampening": (0.0, "float"),
+            "weight_decay": (0.0, "nonneg"), "nesterov": (False, "bool")},
+    "Adagrad": {"lr": (1e-2, "lr"), "eps": (1e-10, "nonneg"), "weight_decay": (0.0, "nonneg"),
+                "lr_decay": (0.0, "nonneg"), "initial_accumulator_value": (0.0, "nonneg")},
+    "Lamb": {"lr": (1e-3, "lr"), "betas": (_BETAS, "betas"), "eps": (1e-8, "nonneg"),
+             "weight_decay": (0.0, "nonneg"), "bias_correction": (True, "bool"),
+             "eps_inside_sqrt": (False, "bool"), "max_grad_norm": (0.0, "nonneg"),
+             "max_coeff": (10.0, "nonneg"), "min_coeff": (0.01, "nonneg"), "amsgrad": (False, "bool")},
+    "Lion": {"lr": (1e-3, "lr"), "betas": (_BETAS, "betas"), "weight_decay": (0.0, "nonneg")},
+}
+"""Supported optimizer type -> {param: (DeepSpeed default, kind)}."""
+
+_WARMUP = {"warmup_min_lr": (0.0, "nonneg"), "warmup_max_lr": (1e-3, "nonneg"),
+           "warmup_num_steps": (1000, "int>=0"), "warmup_type": ("log", "warmup_type"),
+           "last_batch_iteration": (-1, "int")}
+
+SCHEDULER_PARAMS: dict[str, dict[str, tuple]] = {
+    "WarmupLR": _WARMUP,
+    "WarmupDecayLR": {**_WARMUP, "total_num_steps": (REQUIRED, "int>0")},
+    "WarmupCosineLR": {"total_num_steps": (REQUIRED, "int>0"), "warmup_min_ratio": (0.0, "ratio"),
+                       "warmup_num_steps": (1000, "int>=0"), "cos_min_ratio": (0.0001, "ratio"),
+                       "warmup_type": ("log", "warmup_type"), "last_batch_iteration": (-1, "int")},
+    "OneCycle": {"cycle_min_lr": (REQUIRED, "nonneg"), "cycle_max_lr": (REQUIRED, "nonneg"),
+                 "decay_lr_rate": (0.0, "nonneg"), "cycle_first_step_size": (2000, "int>0"),
+                 "cycle_second_step_size": (None, "int?>0"), "cycle_first_stair_count": (0, "int>=0"),
+                 "cycle_second_stair_count": (None, "int?>=0"), "decay_step_size": (0, "int>=0"),
+                 "cycle_momentum": (True, "bool"), "cycle_min_mom": (0.8, "nonneg"),
+                 "cycle_max_mom": (0.9, "nonneg"), "decay_mom_rate": (0.0, "nonneg"),
+                 "last_batch_iteration": (-1, "int")},
+    "LRRangeTest": {"lr_range_test_min_lr": (1e-3, "nonneg"), "lr_range_test_step_size": (2000, "int>0"),
+                    "lr_range_test_step_rate": (1.0, "nonneg"),
+                    "lr_range_test_staircase": (False, "bool"), "last_batch_iteration": (-1, "int")},
+}
+"""Supported scheduler type -> {param: (DeepSpeed default or REQUIRED, kind)}."""
+
+# Note: HF Trainer fills these with "auto"; other params have no sensible automatic value.
+_OPT_AUTO_OK = ("lr", "betas", "eps", "weight_decay")
+
+
+def _check_param(path: str, kind: str, v: Any) -> Any:
+    if kind in ("lr", "nonneg"):
+        return check_float(path, v, ge=0)
+    if kind == "float":
+        return check_float(path, v)
+    if kind == "ratio":
+        return check_float(path, v, ge=0, le=1)
+    if kind == "bool":
+        return check_bool(path, v)
+    if kind == "int":
+        return check_int(path, v)
+    if kind in ("int>=0", "int?>=0"):
+        return check_int(path, v, ge=0, none_ok=kind.startswith("int?"))
+    if kind in ("int>0", "int?>0"):
+        return check_int(path, v, gt=0, none_ok=kind.startswith("int?"))
+    if kind == "warmup_type":
+        return check_str(path, v, choices=("log", "linear"))
+    if kind == "betas":
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            fail(path, v, "a list of two numbers in [0, 1)")
+        return tuple(check_float(f"{path}[{i}]", b, ge=0, lt=1) for i, b in enumerate(v))
+    raise AssertionError(kind)  # pragma: no cover - table error
+
+
+def _canonical(path: str, name: Any, table: dict, what: str) -> str:
+    supported = ", ".join(table)
+    if not isinstance(name, str):
+        fail(path, name, f"a {what} name, one of {supported}")
+    for canon in table:
+        if canon.lower() == name.strip().lower():
+            return canon
+    fail(path, name, f"a {what} zerolite supports, one of {supported}")
+
+
+def _parse_params(path: str, given: Any, spec: dict, ctx: ParseContext, auto_rule) -> dict:
+    if given is None:
+        given = {}
+    check_object(path, given)
+    out: dict = {}
+    for key, value in given.items():
+        kp = join(path, key)
+        if is_auto(value):
+            value = auto_rule(kp, key)
+            if value is _DROP:
+                continue
+        if key not in spec:
+            ctx.unknown.append(kp)
+            out[key] = value  # Note: kept as given; DeepSpeed passes unknown params through.
+            continue
+        out[key] = _check_param(kp, spec[key][1], value)
+    for key, (default, _kind) in spec.items():
+        if key not in out:
+            if default is REQUIRED:
+                fail_msg(join(path, key), "missing; this scheduler requires it")
+            out[key] = default
+    return out
+
+
+_DROP = object()
+
+
+@dataclass
+class OptimizerConfig:
+    """``optimizer``: which optimizer the engine builds and with which hyper-parameters."""
+
+    _PATH: ClassVar[str] = "optimizer"
+
+    type: str
+    """Canonical name: Adam, AdamW, SGD, Adagrad, Lamb or Lion (case-insensitive in JSON)."""
+    params: dict = field(default_factory=dict)
+    """Hyper-parameters with DeepSpeed's defaults filled in (betas as a tuple)."""
+
+    def __post_init__(self):
+        self.type = _canonical("optimizer.type", self.type, OPTIMIZER_PARAMS, "optimizer")
+        if not isinstance(self.params, dict):
+            fail("optimizer.params", self.params, "a JSON object")
+        spec = OPTIMIZER_PARAMS[self.type]
+        for key, value in list(self.params.items()):
+            if key in spec:
+                self.params[key] = _check_param(f"optimizer.params.{key}", spec[key][1], value)
+        p = self.params
+        if self.type == "SGD" and p.get("nesterov") and (p.get("momentum", 0) <= 0 or p.get("dampening", 0) != 0):
+            fail_msg("optimizer.params.nesterov", "true requires momentum > 0 and dampening 0")
+        if self.type == "AdamW" and p.get("adam_w_mode") is False:
+            # Note: DeepSpeed always uses decoupled weight decay for AdamW, whatever adam_w_mode says.
+            logger.warning("zerolite config: optimizer.params.adam_w_mode=false is ignored for AdamW")
+            p["adam_w_mode"] = True
+
+    @classmethod
+    def from_dict(cls, d: Any, ctx: ParseContext) -> "OptimizerConfig | None":
+        if d is None:
+            return None
+        check_object("optimizer", d)
+        for key in d:
+            if key not in ("type", "params", "legacy_fusion"):
+                ctx.unknown.append(f"optimizer.{key}")
+        if "type" not in d:
+            fail_msg("optimizer.type", "missing; expected one of " + ", ".join(OPTIMIZER_PARAMS))
+        canon = _canonical("optimizer.type", d["type"], OPTIMIZER_PARAMS, "optimizer")
+        spec = OPTIMIZER_PARAMS[canon]
+
+        def auto_rule(path, key):
+            if key not in _OPT_AUTO_OK:
+                fail(path, "auto", "a concrete value ('auto' is only resolved for "
+                     + ", ".join(_OPT_AUTO_OK) + ")")
+            if key not in spec:
+                ctx.resolved(path, "(dropped)", f"{canon} has no {key}")
+                return _DROP
+            ctx.resolved(path, spec[key][0], f"DeepSpeed default for {canon}")
+            return spec[key][0]
+
+        params = _parse_params("optimizer.params", d.get("params"), spec, ctx, auto_rule)
+        out = cls(type=canon, params=params)
+        ctx.optimizer_lr = out.params.get("lr")
+        return out
+
+
+@dataclass
+class SchedulerConfig:
+    """``scheduler``: DeepSpeed learning-rate schedule and its parameters."""
+
+    _PATH: ClassVar[str] = "scheduler"
+
+    type: str
+    """Canonical name: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest."""
+    params: dict = field(default_factory=dict)
+    """Schedule parameters with DeepSpeed's defaults filled in."""
+
+    def __post_init__(self):
+        self.type = _canonical("scheduler.type", self.type, SCHEDULER_PARAMS, "scheduler")
+        if not isinstance(self.params, dict):
+            fail("scheduler.params", self.params, "a JSON object")
+        spec = SCHEDULER_PARAMS[self.type]
+        for key, value in list(self.params.items()):
+            if key in spec:
+                self.params[key] = _check_param(f"scheduler.params.{key}", spec[key][1], value)
+        for key, (default, _kind) in spec.items():
+            if default is REQUIRED and self.params.get(key) is None:
+                fail_msg(f"scheduler.params.{key}", f"missing; {self.type} requires it")
+        p = self.params
+        if self.type == "WarmupDecayLR" and p["total_num_steps"] < p["warmup_num_steps"]:
+            logger.warning("zerolite config: scheduler.params.total_num_steps (%d) < warmup_num_steps "
+                           "(%d): the learning rate never decays", p["total_num_steps"],
+                           p["warmup_num_steps"])
+
+    @classmethod
+    def from_dict(cls, d: Any, ctx: ParseContext) -> "SchedulerConfig | None":
+        if d is None:
+            return None
+        check_object("scheduler", d)
+        for key in d:
+            if key not in ("type", "params"):
+                ctx.unknown.append(f"scheduler.{key}")
+        if "type" not in d:
+            fail_msg("scheduler.type", "missing; expected one of " + ", ".join(SCHEDULER_PARAMS))
+        canon = _canonical("scheduler.type", d["type"], SCHEDULER_PARAMS, "scheduler")
+        spec = SCHEDULER_PARAMS[canon]
+
+        def auto_rule(path, key):
+            if key == "warmup_max_lr" and ctx.optimizer_lr is not None:
+                ctx.resolved(path, ctx.optimizer_lr, "optimizer.params.lr")
+                return ctx.optimizer_lr
+            if key not in spec or spec[key][0] is REQUIRED:
+                fail(path, "auto", "a concrete value (zerolite cannot infer it; set it explicitly)")
+            ctx.resolved(path, spec[key][0], f"DeepSpeed default for {canon}")
+            return spec[key][0]
+
+        params = _parse_params("scheduler.params", d.get("params"), spec, ctx, auto_rule)
+        return cls(type=canon, params=params)

@@ -1,0 +1,342 @@
+"""Typed sections of a DeepSpeed config: fp16, bf16, zero_optimization, activation_checkpointing,
+monitors, and zerolite's own ``"zerolite"`` block. Key names and defaults follow DeepSpeed."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ._util import (
+    ParseContext, Section, check_bool, check_float, check_int, check_object, check_str, fail,
+    fail_msg, join, logger,
+)
+
+
+@dataclass
+class Fp16Config(Section):
+    """``fp16``: mixed precision with float16 and (dynamic) loss scaling."""
+
+    _PATH: ClassVar[str] = "fp16"
+    _AUTO_DEFAULT: ClassVar[frozenset] = frozenset(
+        {"auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+         "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"})
+
+    enabled: bool = False
+    """Train with float16 compute weights (fp32 master weights live in the optimizer)."""
+    auto_cast: bool = False
+    """Cast floating-point inputs of the model to float16."""
+    loss_scale: float = 0.0
+    """Static loss scale; 0 selects dynamic loss scaling."""
+    initial_scale_power: int = 16
+    """Dynamic scaling starts at 2**initial_scale_power."""
+    loss_scale_window: int = 1000
+    """Steps without overflow before the dynamic scale is raised."""
+    hysteresis: int = 2
+    """Overflows tolerated before the dynamic scale is lowered."""
+    consecutive_hysteresis: bool = False
+    """Refill hysteresis after every step without overflow."""
+    min_loss_scale: float = 1.0
+    """Lower bound of the dynamic loss scale."""
+    fp16_master_weights_and_grads: bool = False
+    """DeepSpeed-only (stage 2 + CPU offload) option; accepted and ignored by zerolite."""
+
+    @classmethod
+    def _auto_rules(cls, ctx):
+        return {"enabled": (False, "fp16 is only enabled when asked for explicitly")}
+
+    def __post_init__(self):
+        p = self._PATH
+        self.enabled = check_bool(f"{p}.enabled", self.enabled)
+        self.auto_cast = check_bool(f"{p}.auto_cast", self.auto_cast)
+        self.loss_scale = check_float(f"{p}.loss_scale", self.loss_scale, ge=0)
+        self.initial_scale_power = check_int(f"{p}.initial_scale_power", self.initial_scale_power,
+                                             ge=0, le=127)
+        self.loss_scale_window = check_int(f"{p}.loss_scale_window", self.loss_scale_window, ge=1)
+        self.hysteresis = check_int(f"{p}.hysteresis", self.hysteresis, ge=1)
+        self.consecutive_hysteresis = check_bool(f"{p}.consecutive_hysteresis",
+                                                 self.consecutive_hysteresis)
+        self.min_loss_scale = check_float(f"{p}.min_loss_scale", self.min_loss_scale, gt=0)
+        self.fp16_master_weights_and_grads = check_bool(f"{p}.fp16_master_weights_and_grads",
+                                                        self.fp16_master_weights_and_grads)
+
+
+@dataclass
+class Bf16Config(Section):
+    """``bf16`` (legacy name ``bfloat16``): bfloat16 compute with fp32 master weights."""
+
+    _PATH: ClassVar[str] = "bf16"
+    _EXTRA_KNOWN: ClassVar[frozenset] = frozenset(
+        {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+         "bf16_optimizer_states"})
+
+    enabled: bool = False
+    """Train with bfloat16 compute weights."""
+
+    @classmethod
+    def _auto_rules(cls, ctx):
+        return {"enabled": (False, "bf16 is only enabled when asked for explicitly")}
+
+    def __post_init__(self):
+        self.enabled = check_bool(f"{self._PATH}.enabled", self.enabled)
+
+
+_OFFLOAD_COMMON = {"device": "none", "nvme_path": None, "pin_memory": False}
+_OFFLOAD_DEFAULTS = {
+    "offload_param": {**_OFFLOAD_COMMON, "buffer_count": 5, "buffer_size": 100_000_000,
+                      "max_in_cpu": 1_000_000_000},
+    "offload_optimizer": {**_OFFLOAD_COMMON, "buffer_count": 4, "pipeline_read": False,
+                          "pipeline_write": False, "fast_init": False, "ratio": 1.0},
+}
+
+
+def _parse_offload(path: str, name: str, v: Any) -> dict | None:
+    """Validate an offload block; device "none" (or null) means no offload -> None."""
+    if v is None:
+        return None
+    check_object(path, v)
+    out = dict(_OFFLOAD_DEFAULTS[name])
+    for key, value in v.items():
+        kp = join(path, key)
+        if key == "device":
+            value = check_str(kp, value.lower() if isinstance(value, str) else value,
+                              choices=("none", "cpu", "nvme"))
+        elif key == "nvme_path":
+            value = check_str(kp, value, none_ok=True)
+        elif key in ("pin_memory", "pipeline_read", "pipeline_write", "fast_init", "pipeline"):
+            value = check_bool(kp, value)
+        elif key in ("buffer_count", "buffer_size", "max_in_cpu"):
+            value = check_int(kp, value, ge=0)
+        elif key == "ratio":
+            value = check_float(kp, value, gt=0, le=1)
+        out[key] = value
+    if out["device"] == "none":
+        return None
+    if out["device"] == "nvme" and not out["nvme_path"]:
+        fail(join(path, "nvme_path"), out["nvme_path"], "a directory path when device is 'nvme'")
+    return out
+
+
+@dataclass
+class ZeroOptimizationConfig(Section):
+    """``zero_optimization``: ZeRO partitioning of optimizer state, gradients and parameters."""
+
+    _PATH: ClassVar[str] = "zero_optimization"
+    _ALIASES: ClassVar[dict] = {
+        "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+        "param_persistence_threshold": "stage3_param_persistence_threshold",
+        "model_persistence_threshold": "stage3_model_persistence_threshold",
+        "max_live_parameters": "stage3_max_live_parameters",
+        "max_reuse_distance": "stage3_max_reuse_distance",
+        "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    }
+    _EXTRA_KNOWN: ClassVar[frozenset] = frozenset(
+        {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "allgather_size"})
+    _AUTO_DEFAULT: ClassVar[frozenset] = frozenset(
+        {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "allgather_bucket_size",
+         "overlap_comm", "sub_group_size", "stage3_max_live_parameters",
+         "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+         "stage3_model_persistence_threshold", "round_robin_gradients"})
+
+    stage: int = 0
+    """0 = off, 1 = optimizer state, 2 = + gradients, 3 = + parameters partitioned."""
+    contiguous_gradients: bool = True
+    """Copy gradients into a contiguous buffer as they are produced."""
+    reduce_scatter: bool = True
+    """Use reduce-scatter (not all-reduce) to average gradients."""
+    reduce_bucket_size: int = 500_000_000
+    """Elements reduced per gradient bucket."""
+    use_multi_rank_bucket_allreduce: bool = True
+    """DeepSpeed bucket-combining option."""
+    allgather_partitions: bool = True
+    """Stage 1/2: all-gather updated partitions (vs. broadcasts)."""
+    allgather_bucket_size: int = 500_000_000
+    """Stage 1/2: elements all-gathered at a time."""
+    overlap_comm: bool | None = None
+    """Overlap gradient reduction with backward; defaults to True at stage 3, else False."""
+    load_from_fp32_weights: bool = True
+    """Initialise master weights from fp32 checkpoint copies."""
+    elastic_checkpoint: bool = False
+    """Load checkpoints saved at another world size (DeepSpeed: no longer supported)."""
+    offload_param: dict | None = None
+    """Parameter offload block (device cpu/nvme) or None."""
+    offload_optimizer: dict | None = None
+    """Optimizer-state offload block (device cpu/nvme) or None."""
+    sub_group_size: int = 1_000_000_000
+    """Tile size for optimizer steps over huge models."""
+    stage3_prefetch_bucket_size: int = 50_000_000
+    """Stage 3: parameter elements fetched ahead of use."""
+    stage3_param_persistence_threshold: int = 100_000
+    """Stage 3: parameters with fewer elements stay unpartitioned."""
+    stage3_model_persistence_threshold: int = sys.maxsize
+    """Stage 3: bound on the total elements kept unpartitioned."""
+    stage3_max_live_parameters: int = 1_000_000_000
+    """Stage 3: max gathered parameter elements resident at once."""
+    stage3_max_reuse_distance: int = 1_000_000_000
+    """Stage 3: keep a parameter if it is reused within this many elements."""
+    stage3_gather_16bit_weights_on_model_save: bool = False
+    """Stage 3: gather full 16-bit weights when saving the model."""
+    ignore_unused_parameters: bool = True
+    """Tolerate parameters that receive no gradient."""
+    legacy_stage1: bool = False
+    """DeepSpeed's old stage-1 implementation."""
+    round_robin_gradients: bool = False
+    """Stage 1/2 CPU-offload gradient copy scheduling."""
+    zero_hpz_partition_size: int = 1
+    """ZeRO++ hierarchical partition size (secondary group)."""
+    zero_quantized_weights: bool = False
+    """ZeRO++: quantize weights for the parameter all-gather."""
+    zero_quantized_nontrainable_weights: bool = False
+    """ZeRO++: store frozen weights quantized."""
+    zero_quantized_gradients: bool = False
+    """ZeRO++: quantize gradients for the reduce-scatter."""
+    mics_shard_size: int = -1
+    """MiCS shard group size; -1 = off (MiCS is not supported by zerolite)."""
+    mics_hierarchical_params_gather: bool = False
+    """MiCS hierarchical all-gather."""
+    memory_efficient_linear: bool = True
+    """DeepSpeed's memory-efficient linear for stage 3."""
+    pipeline_loading_checkpoint: bool = False
+    """Load checkpoints in pipeline mode."""
+    override_module_apply: bool = True
+    """Override nn.Module.apply under stage 3."""
+    log_trace_cache_warnings: bool = False
+    """Log stage-3 trace cache invalidations."""
+    module_granularity_threshold: int = 0
+    """Stage 3: fetch small modules as one unit."""
+    use_all_reduce_for_fetch_params: bool = False
+    """Stage 3: fetch parameters with all-reduce."""
+
+    @classmethod
+    def _preprocess(cls, d, ctx):
+        # Note: DeepSpeed's deprecated booleans map onto the offload blocks.
+        for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+            if old in d:
+                val = check_bool(join(cls._PATH, old), d[old], none_ok=True)
+                logger.warning("zerolite config: %s.%s is deprecated; use %s.%s", cls._PATH, old,
+                               cls._PATH, new)
+                if val and new not in d:
+                    d[new] = {"device": "cpu"}
+        return d
+
+    @classmethod
+    def _auto_rules(cls, ctx: ParseContext):
+        h = ctx.hidden_size
+        if h is None:
+            why = "hidden_size unknown; kept DeepSpeed's default"
+            return {"reduce_bucket_size": (500_000_000, why),
+                    "stage3_prefetch_bucket_size": (50_000_000, why),
+                    "stage3_param_persistence_threshold": (100_000, why)}
+        return {"reduce_bucket_size": (h * h, f"hidden_size**2, hidden_size={h}"),
+                "stage3_prefetch_bucket_size": (int(0.9 * h * h), f"0.9*hidden_size**2, hidden_size={h}"),
+                "stage3_param_persistence_threshold": (10 * h, f"10*hidden_size, hidden_size={h}")}
+
+    def __post_init__(self):
+        p = self._PATH
+        self.stage = check_int(f"{p}.stage", self.stage, ge=0, le=3)
+        for name, value in list(vars(self).items()):
+            if name in ("stage", "offload_param", "offload_optimizer"):
+                continue
+            if name == "overlap_comm":
+                value = check_bool(f"{p}.overlap_comm", value, none_ok=True)
+                self.overlap_comm = (self.stage == 3) if value is None else value
+            elif name == "mics_shard_size":
+                self.mics_shard_size = check_int(f"{p}.{name}", value, ge=-1)
+                if self.mics_shard_size > 0:
+                    fail(f"{p}.{name}", value, "-1 (MiCS sharding is not supported by zerolite)")
+            elif isinstance(self.__dataclass_fields__[name].default, bool):
+                setattr(self, name, check_bool(f"{p}.{name}", value))
+            else:
+                setattr(self, name, check_int(f"{p}.{name}", value, ge=0))
+        self.offload_param = _parse_offload(f"{p}.offload_param", "offload_param", self.offload_param)
+        self.offload_optimizer = _parse_offload(f"{p}.offload_optimizer", "offload_optimizer",
+                                                self.offload_optimizer)
+        if self.offload_optimizer and self.offload_optimizer["ratio"] < 1.0 and self.stage != 3:
+            fail_msg(f"{p}.offload_optimizer.ratio", "partial offloading (ratio < 1) needs "
+                     f"{p}.stage 3, got stage {self.stage}")
+
+
+@dataclass
+class ActivationCheckpointingConfig(Section):
+    """``activation_checkpointing``: DeepSpeed's activation checkpointing options."""
+
+    _PATH: ClassVar[str] = "activation_checkpointing"
+
+    partition_activations: bool = False
+    """Partition checkpointed activations across model-parallel ranks."""
+    contiguous_memory_optimization: bool = False
+    """Copy checkpoints into a contiguous buffer."""
+    cpu_checkpointing: bool = False
+    """Offload checkpointed activations to CPU."""
+    number_checkpoints: int | None = None
+    """Number of checkpoints (for contiguous buffers)."""
+    synchronize_checkpoint_boundary: bool = False
+    """Synchronize the device at each checkpoint boundary."""
+    profile: bool = False
+    """Profile the checkpointed forward/backward."""
+
+    def __post_init__(self):
+        p = self._PATH
+        for name in ("partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                     "synchronize_checkpoint_boundary", "profile"):
+            setattr(self, name, check_bool(f"{p}.{name}", getattr(self, name)))
+        self.number_checkpoints = check_int(f"{p}.number_checkpoints", self.number_checkpoints,
+                                            ge=1, none_ok=True)
+
+
+@dataclass
+class ZeroliteExtrasConfig(Section):
+    """Top-level ``"zerolite"`` block: options zerolite adds beyond DeepSpeed's keys."""
+
+    _PATH: ClassVar[str] = "zerolite"
+
+    comm_timeout_s: int = 300
+    """Timeout in seconds of every collective; a stuck rank fails instead of hanging."""
+    quantized_gradients_bits: int = 8
+    """Bits per element when zero_quantized_gradients is on (4 or 8)."""
+    quantized_block_size: int = 256
+    """Elements per quantization block (power of two >= 32)."""
+    quantized_error_feedback: bool = False
+    """Carry quantization error into the next step's gradients."""
+    unit_policy: list | None = None
+    """Module class names that form ZeRO-3 gather units; null = zerolite's default policy."""
+
+    def __post_init__(self):
+        p = self._PATH
+        self.comm_timeout_s = check_int(f"{p}.comm_timeout_s", self.comm_timeout_s, gt=0)
+        bits = self.quantized_gradients_bits
+        if isinstance(bits, bool) or bits not in (4, 8):
+            fail(f"{p}.quantized_gradients_bits", bits, "4 or 8")
+        self.quantized_gradients_bits = int(bits)
+        bs = check_int(f"{p}.quantized_block_size", self.quantized_block_size, ge=32)
+        if bs & (bs - 1):
+            fail(f"{p}.quantized_block_size", bs, "a power of two >= 32")
+        self.quantized_block_size = bs
+        self.quantized_error_feedback = check_bool(f"{p}.quantized_error_feedback",
+                                                   self.quantized_error_feedback)
+        up = self.unit_policy
+        if up is not None:
+            if not isinstance(up, (list, tuple)) or not all(isinstance(s, str) and s for s in up):
+                fail(f"{p}.unit_policy", up, "a list of module class names or null")
+            self.unit_policy = list(up)
+
+
+_MONITOR_DEFAULTS = {"enabled": False, "output_path": "", "job_name": "DeepSpeedJobName"}
+
+
+def parse_monitor(path: str, v: Any, ctx: ParseContext) -> dict | None:
+    """``csv_monitor`` / ``tensorboard``: {enabled, output_path, job_name}; absent -> None."""
+    if v is None:
+        return None
+    check_object(path, v)
+    out = dict(_MONITOR_DEFAULTS)
+    for key, value in v.items():
+        kp = join(path, key)
+        if key == "enabled":
+            out[key] = check_bool(kp, value)
+        elif key in ("output_path", "job_name"):
+            out[key] = check_str(kp, value)
+        else:
+            ctx.unknown.append(kp)
+    return out

@@ -1,0 +1,230 @@
+"""ZeroEngine: DeepSpeed's engine interface (forward/backward/step, accessors) over a
+ShardedModel and an optimizer that only ever sees this rank's fp32 shards."""
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+
+import psutil
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from zerolite.errors import ZeroliteStateError
+from zerolite.optim.builder import build_optimizer
+from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
+from zerolite.zero.partition import policy_from_classes
+from zerolite.zero.sharded_model import ShardedModel
+
+logger = logging.getLogger("zerolite")
+
+
+def _param_groups(model: nn.Module, model_parameters) -> tuple[dict, list[dict]]:
+    """(param -> group index, per-group hyper-parameters) from what the user passed."""
+    if model_parameters is None:
+        groups = [{"params": list(model.parameters())}]
+    else:
+        items = list(model_parameters)
+        groups = items if items and isinstance(items[0], dict) else [{"params": items}]
+    group_of, hparams = {}, []
+    for gi, group in enumerate(groups):
+        params = group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        for p in params:
+            group_of.setdefault(p, gi)
+        hparams.append({k: v for k, v in group.items() if k != "params"})
+    return group_of, hparams
+
+
+class ZeroEngine:
+    def __init__(self, model: nn.Module, config, *, model_parameters=None, optimizer=None,
+                 lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
+        self.module = model
+        self._config = config
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        zc = config.zero_optimization
+        if unit_policy is None and config.zerolite.unit_policy:
+            policy = policy_from_classes(config.zerolite.unit_policy)
+        elif isinstance(unit_policy, (list, tuple, set)):
+            policy = policy_from_classes(unit_policy)
+        else:
+            policy = unit_policy  # None (default policy) or a callable(name, module) -> bool
+        group_of, group_hparams = _param_groups(model, model_parameters)
+        self.sharded = ShardedModel(model, stage=zc.stage, compute_dtype=config.precision_dtype,
+                                    group_of=group_of, rank=self.rank,
+                                    world_size=self.world_size, unit_policy=policy)
+        masters = self.sharded.master_groups(group_hparams)
+        opt_cfg = config.optimizer
+        self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
+                                         opt_cfg.params if opt_cfg else None, optimizer, masters)
+        self.lr_scheduler = self._build_scheduler(lr_scheduler)
+        self.training_dataloader = self._build_dataloader(training_data, collate_fn)
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._global_grad_norm: float | None = None
+        self._step_applied = False
+        self._boundary_override: bool | None = None
+        self._last_step_time = time.perf_counter()
+
+    # -- construction helpers ---------------------------------------------------------
+    def _build_scheduler(self, client_scheduler):
+        if client_scheduler is not None:
+            if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
+                return client_scheduler(self.optimizer)
+            return client_scheduler
+        sched = self._config.scheduler
+        if sched is None or self.optimizer is None:
+            return None
+        from zerolite.optim.lr_schedules import build_lr_scheduler
+
+        return build_lr_scheduler(self.optimizer, sched.type, sched.params)
+
+    def _build_dataloader(self, training_data, collate_fn):
+        if training_data is None:
+            return None
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(training_data, num_replicas=self.world_size, rank=self.rank)
+        return DataLoader(training_data, batch_size=self.train_micro_batch_size_per_gpu(),
+                          sampler=sampler, collate_fn=collate_fn,
+                          drop_last=self._config.dataloader_drop_last)
+
+    # -- the training loop -------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ZeroliteStateError("engine.backward(loss) needs a scalar loss tensor, got "
+                                     f"{type(loss).__name__} {getattr(loss, 'shape', '')}")
+        scaled = loss
+        if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
+            scaled = loss / self.gradient_accumulation_steps()
+        scaled.backward(retain_graph=retain_graph)
+        self.sharded.finish_backward()
+        return loss
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        self._boundary_override = is_boundary
+
+    def step(self, lr_kwargs=None) -> None:
+        self._step_applied = False
+        if self.is_gradient_accumulation_boundary():
+            if self.optimizer is None:
+                raise ZeroliteStateError("engine.step(): no optimizer; add an \"optimizer\" "
+                                         "section to the config or pass optimizer= to initialize")
+            self._apply_update()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+            self.global_steps += 1
+            self.global_samples += self.train_batch_size()
+        self.micro_steps += 1
+
+    @torch.no_grad()
+    def _apply_update(self) -> None:
+        masters = [f.master for f in self.sharded.flats if f.master is not None]
+        grads = [m.grad for m in masters if m.grad is not None]
+        norm = global_grad_norm(grads)
+        self._global_grad_norm = norm
+        coef = clip_coefficient(norm, self._config.gradient_clipping)
+        if coef is not None:
+            for g in grads:
+                g.mul_(coef)
+        self.optimizer.step()
+        for m in masters:
+            m.grad = None
+        self.sharded.refresh_params_from_masters()
+        self._step_applied = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Safe at any time: accumulated shard grads are cleared by step() itself, so this
+        only drops grads left over outside an accumulation window."""
+        if self.micro_steps % self.gradient_accumulation_steps() == 0:
+            for flat in self.sharded.flats:
+                if flat.master is not None:
+                    flat.master.grad = None
+
+    # -- modes and pass-through --------------------------------------------------------
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def __getattr__(self, name):
+        # Only called when normal lookup fails: forward unknown attributes to the module.
+        module = self.__dict__.get("module")
+        if module is None:
+            raise AttributeError(name)
+        return getattr(module, name)
+
+    @contextmanager
+    def no_sync(self):
+        raise ZeroliteStateError("no_sync() is not supported with ZeRO stage 2 or 3 (as in "
+                                 "DeepSpeed): gradients are reduce-scattered during backward")
+        yield  # pragma: no cover
+
+    # -- accessors (DeepSpeed names) ---------------------------------------------------
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
+
+    def get_mom(self) -> list:
+        out = []
+        for g in (self.optimizer.param_groups if self.optimizer else []):
+            out.append(g["betas"] if "betas" in g else g.get("momentum"))
+        return out
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._global_grad_norm
+
+    def was_step_applied(self) -> bool:
+        return self._step_applied
+
+    def train_batch_size(self) -> int:
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self._config.zero_optimization.stage
+
+    def fp16_enabled(self) -> bool:
+        return self._config.fp16.enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self._config.bf16.enabled
+
+    @property
+    def config(self):
+        return self._config
+
+    def memory_stats(self) -> dict:
+        """This rank's resident memory and what zerolite itself holds, in bytes."""
+        shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)
+        master = sum(f.master.numel() * 4 for f in self.sharded.flats if f.master is not None
+                     and f.master.data_ptr() != f.shard.data_ptr())
+        optim = 0
+        for state in (self.optimizer.state.values() if self.optimizer else []):
+            optim += sum(v.numel() * v.element_size() for v in state.values()
+                         if isinstance(v, torch.Tensor))
+        return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
+                "master_shards": master, "optimizer_state": optim,
+                "gathered": self.sharded.gathered_nbytes()}

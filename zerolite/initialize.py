@@ -1,0 +1,59 @@
+"""`initialize`: DeepSpeed's entry point, returning (engine, optimizer, dataloader, scheduler)."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch.distributed as dist
+import torch.nn as nn
+
+from zerolite.comm.process_group import init_distributed
+from zerolite.config import load_config
+from zerolite.engine import ZeroEngine
+from zerolite.errors import ZeroliteConfigError
+
+logger = logging.getLogger("zerolite")
+
+
+def _guess_hidden_size(model: nn.Module) -> int | None:
+    for attr in ("hidden_size", "d_model", "n_embd"):
+        for holder in (getattr(model, "config", None), getattr(model, "cfg", None), model):
+            value = getattr(holder, attr, None) if holder is not None else None
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
+               dist_init_required: bool | None = None, collate_fn=None, config=None,
+               config_params=None, unit_policy=None):
+    """Wrap `model` in a ZeroEngine, as `deepspeed.initialize` does.
+
+    `config` is a path to a DeepSpeed JSON file or a dict (`config_params` is DeepSpeed's
+    older name for it; `args.deepspeed_config` also works). Joins the process group if none
+    exists (torchrun's env vars; gloo on CPU, nccl on CUDA). Returns
+    `(engine, optimizer, training_dataloader, lr_scheduler)`.
+    """
+    if model is None:
+        raise ZeroliteConfigError("initialize(model=...): a torch.nn.Module is required")
+    if not isinstance(model, nn.Module):
+        raise ZeroliteConfigError(f"initialize(model=...): expected a torch.nn.Module, got "
+                                  f"{type(model).__name__}")
+    if mpu is not None:
+        raise ZeroliteConfigError("initialize(mpu=...): model parallelism is not supported")
+    if config is not None and config_params is not None:
+        raise ZeroliteConfigError("initialize(): pass the config once, as config= or "
+                                  "config_params=, not both")
+    config = config if config is not None else config_params
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+    cfg = load_config(config, world, hidden_size=_guess_hidden_size(model), args=args)
+    init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required,
+                     timeout=cfg.zerolite.comm_timeout_s)
+    if dist.get_world_size() != cfg.world_size:
+        cfg = load_config(config, dist.get_world_size(), hidden_size=_guess_hidden_size(model),
+                          args=args)
+    engine = ZeroEngine(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
+                        lr_scheduler=lr_scheduler, training_data=training_data,
+                        collate_fn=collate_fn, unit_policy=unit_policy)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -1,0 +1,1 @@
+"""Helpers for zerolite's own tests and benchmarks (multi-rank runner, references)."""

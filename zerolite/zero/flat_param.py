@@ -1,0 +1,128 @@
+"""FlatParam: one unit's parameters (of one dtype / requires_grad / param group) laid out in
+one padded 1-D buffer, sharded evenly across ranks.
+
+[Note: storage resize, not tensor swap] The full buffer is allocated once. "Releasing" it
+resizes its storage to 0 bytes and "gathering" resizes it back and all-gathers into it.
+Every view taken of a parameter during forward (e.g. `weight.t()` saved by autograd for
+backward) points into that same storage, so after the re-gather in backward those views
+read valid data again while no full copy stays alive in between. The user's nn.Parameter
+objects are kept: their `.data` is a view into the full buffer while gathered and an empty
+tensor while sharded (as DeepSpeed does), so names and object identity never change.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from zerolite.comm import broadcast
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one parameter lives inside its FlatParam."""
+
+    names: tuple[str, ...]
+    """Every fully-qualified name the model uses for it (tied params have several)."""
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+class FlatParam:
+    """A padded flat buffer of parameters: the local shard always, the full buffer on demand."""
+
+    def __init__(self, params: list[tuple[tuple[str, ...], nn.Parameter]], *, rank: int,
+                 world_size: int, compute_dtype: torch.dtype, group_index: int | None):
+        self.params = [p for _, p in params]
+        self.requires_grad = params[0][1].requires_grad
+        self.group_index = group_index
+        """Index of the optimizer param group; None = not optimized (frozen or not passed)."""
+        self.rank, self.world_size = rank, world_size
+        self.compute_dtype = compute_dtype
+        device = params[0][1].device
+        slots, offset = [], 0
+        for names, p in params:
+            slots.append(ParamSlot(tuple(names), tuple(p.shape), offset, p.numel()))
+            offset += p.numel()
+        self.slots: list[ParamSlot] = slots
+        self.numel = offset
+        self.shard_numel = max(1, math.ceil(offset / world_size))
+        self.padded_numel = self.shard_numel * world_size
+
+        # Build the fp32 flat copy from the ORIGINAL values (before any cast to 16 bit),
+        # make it identical on every rank, and keep only this rank's slice.
+        flat32 = torch.zeros(self.padded_numel, dtype=torch.float32, device=device)
+        for slot, p in zip(slots, self.params):
+            flat32[slot.offset:slot.offset + slot.numel].copy_(p.detach().reshape(-1))
+        broadcast(flat32, src=0)
+        lo = rank * self.shard_numel
+        shard32 = flat32[lo:lo + self.shard_numel].clone()
+        del flat32
+        self.master: nn.Parameter | None = None
+        """fp32 master shard the optimizer updates (only for optimized params)."""
+        if group_index is not None and self.requires_grad:
+            self.master = nn.Parameter(shard32)
+        if compute_dtype == torch.float32 and self.master is not None:
+            self.shard = self.master.data  # fp32 training: the master IS the param shard
+        else:
+            self.shard = shard32.to(compute_dtype)
+        self.full = torch.empty(self.padded_numel, dtype=compute_dtype, device=device)
+        self._full_nbytes = self.full.untyped_storage().nbytes()
+        self.grad_buffer: torch.Tensor | None = None
+        """Full-size gradient buffer, alive only while this unit's grads are collected."""
+        self.grads_ready = 0
+        self.free_full()
+
+    # -- full buffer -------------------------------------------------------------------
+    @property
+    def is_full_allocated(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0
+
+    def alloc_full(self) -> torch.Tensor:
+        if not self.is_full_allocated:
+            self.full.untyped_storage().resize_(self._full_nbytes)
+        return self.full
+
+    def free_full(self) -> None:
+        """Drop the full buffer and point every param at an empty tensor."""
+        empty = torch.empty(0, dtype=self.compute_dtype, device=self.full.device)
+        for p in self.params:
+            p.data = empty
+        self.full.untyped_storage().resize_(0)
+
+    def use_full_views(self) -> None:
+        """Make each param's `.data` a view into the (gathered) full buffer."""
+        for slot, p in zip(self.slots, self.params):
+            p.data = self.full[slot.offset:slot.offset + slot.numel].view(slot.shape)
+
+    def refresh_shard_from_master(self) -> None:
+        if self.master is not None and self.shard.data_ptr() != self.master.data_ptr():
+            self.shard.copy_(self.master.detach())
+
+    # -- gradients ---------------------------------------------------------------------
+    def take_param_grad(self, index: int) -> bool:
+        """Move param `index`'s grad into the flat buffer. Returns True when all are in."""
+        p, slot = self.params[index], self.slots[index]
+        if self.grad_buffer is None:
+            self.grad_buffer = torch.zeros(self.padded_numel, dtype=torch.float32,
+                                           device=self.full.device)
+        if p.grad is not None:
+            self.grad_buffer[slot.offset:slot.offset + slot.numel].add_(p.grad.reshape(-1))
+            p.grad = None
+        self.grads_ready += 1
+        return self.grads_ready == len(self.params)
+
+    def local_shard_of(self, flat: torch.Tensor) -> torch.Tensor:
+        lo = self.rank * self.shard_numel
+        return flat[lo:lo + self.shard_numel]
+
+    def __repr__(self):
+        return (f"FlatParam(params={len(self.params)}, numel={self.numel}, "
+                f"shard={self.shard_numel}, dtype={self.compute_dtype}, group={self.group_index})")

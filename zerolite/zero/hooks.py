@@ -1,0 +1,69 @@
+"""Module and autograd hooks that drive units through forward and backward.
+
+forward pre-hook   -> gather the unit (wait for a prefetch if one is in flight)
+forward post-hook  -> stage 3: release it again (not during a recompute in backward);
+                      register a "pre-backward" hook on its outputs (re-gather before its
+                      backward) and a "post-backward" hook on its inputs (backward done)
+param grad hook    -> move the grad into the unit's flat grad buffer; when every param of
+                      the flat has reported, reduce-scatter it (asynchronously)
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils._pytree import tree_leaves
+
+if TYPE_CHECKING:
+    from zerolite.zero.sharded_model import ShardedModel
+    from zerolite.zero.unit import Unit
+
+
+def _grad_tensors(obj) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def install_hooks(model: "ShardedModel") -> list:
+    handles = []
+    for unit in model.units:
+        handles.append(unit.module.register_forward_pre_hook(
+            _make_pre_forward(model, unit), with_kwargs=True))
+        handles.append(unit.module.register_forward_hook(
+            _make_post_forward(model, unit), with_kwargs=True))
+        for flat in unit.trainable_flats:
+            for i, p in enumerate(flat.params):
+                handles.append(p.register_post_accumulate_grad_hook(
+                    _make_grad_hook(model, unit, flat, i)))
+    return handles
+
+
+def _make_pre_forward(model: "ShardedModel", unit: "Unit"):
+    def hook(module, args, kwargs):
+        model.before_unit_forward(unit)
+        inputs = _grad_tensors((args, kwargs))
+        if inputs and torch.is_grad_enabled() and not unit.is_root:
+            unit.pending_input_grads += 1
+            register_multi_grad_hook(inputs, lambda grads: model.after_unit_backward(unit))
+        return None
+
+    return hook
+
+
+def _make_post_forward(model: "ShardedModel", unit: "Unit"):
+    def hook(module, args, kwargs, output):
+        outputs = _grad_tensors(output)
+        if outputs and torch.is_grad_enabled():
+            register_multi_grad_hook(outputs, lambda grads: model.before_unit_backward(unit),
+                                     mode="any")
+        model.after_unit_forward(unit, needs_backward=bool(outputs) and torch.is_grad_enabled())
+        return None
+
+    return hook
+
+
+def _make_grad_hook(model: "ShardedModel", unit: "Unit", flat, index: int):
+    def hook(param):
+        model.on_param_grad(unit, flat, index)
+
+    return hook

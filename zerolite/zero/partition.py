@@ -1,0 +1,74 @@
+"""Decide which modules become units and which parameters each unit owns.
+
+Default policy: each child of an nn.ModuleList / nn.Sequential becomes a unit (outermost
+containers only); everything else belongs to the root unit. A parameter reached from more
+than one unit (a tied weight) belongs to the root unit, the lowest common ancestor here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch.nn as nn
+
+UnitPolicy = Callable[[str, nn.Module], bool]
+
+
+def policy_from_classes(class_names: Iterable[str | type]) -> UnitPolicy:
+    wanted = {c if isinstance(c, str) else c.__name__ for c in class_names}
+    return lambda name, module: type(module).__name__ in wanted
+
+
+def _default_unit_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    found: list[tuple[str, nn.Module]] = []
+
+    def walk(prefix: str, module: nn.Module):
+        for child_name, child in module.named_children():
+            name = f"{prefix}{child_name}"
+            if isinstance(module, (nn.ModuleList, nn.Sequential)):
+                found.append((name, child))
+            else:
+                walk(name + ".", child)
+
+    walk("", root)
+    return found
+
+
+def find_unit_modules(root: nn.Module, policy: UnitPolicy | None) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every non-root unit, in registration order."""
+    if policy is None:
+        candidates = _default_unit_modules(root)
+    else:
+        candidates = []
+
+        def walk(prefix: str, module: nn.Module):
+            for child_name, child in module.named_children():
+                name = f"{prefix}{child_name}"
+                if policy(name, child):
+                    candidates.append((name, child))
+                else:
+                    walk(name + ".", child)
+
+        walk("", root)
+    return [(n, m) for n, m in candidates if any(True for _ in m.parameters())]
+
+
+def assign_params(root: nn.Module, unit_modules: list[tuple[str, nn.Module]]):
+    """Map each parameter to its unit index (0 = root, i+1 = unit_modules[i]).
+
+    Returns (param -> unit index, param -> all of its names), params in model order.
+    """
+    names: dict[nn.Parameter, list[str]] = {}
+    for name, p in root.named_parameters(remove_duplicate=False):
+        names.setdefault(p, []).append(name)
+    owner: dict[nn.Parameter, int] = {}
+    for i, (_, module) in enumerate(unit_modules, start=1):
+        for p in module.parameters():
+            owner[p] = 0 if p in owner and owner[p] != i else i
+    for p, pnames in names.items():
+        if p not in owner:
+            owner[p] = 0
+            continue
+        prefix = unit_modules[owner[p] - 1][0] + "."
+        if any(not n.startswith(prefix) for n in pnames):
+            owner[p] = 0  # also reached from outside its unit: tied across units
+    return owner, {p: tuple(n) for p, n in names.items()}

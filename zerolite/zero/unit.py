@@ -1,0 +1,104 @@
+"""One unit: a module subtree whose parameters are gathered and released together.
+
+State machine: SHARDED -> GATHERING -> GATHERED -> SHARDED. Any other transition is a bug in
+zerolite and raises ZeroliteStateError naming the unit.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+import torch.nn as nn
+
+from zerolite.comm import all_gather_flat, reduce_scatter_flat
+from zerolite.errors import ZeroliteStateError
+from zerolite.zero.flat_param import FlatParam
+
+
+class UnitState(enum.Enum):
+    SHARDED = "sharded"
+    GATHERING = "gathering"
+    GATHERED = "gathered"
+
+
+class Unit:
+    def __init__(self, index: int, name: str, module: nn.Module, flats: list[FlatParam]):
+        self.index = index
+        self.name = name or "<root>"
+        self.module = module
+        self.flats = flats
+        self.state = UnitState.SHARDED
+        self._gather_works: list = []
+        self.pending_input_grads = 0
+        """Forward calls whose backward has not reached the unit's inputs yet."""
+        self.reduced_flats = 0
+        """Trainable flats whose reduce-scatter was launched in the current backward."""
+
+    @property
+    def is_root(self) -> bool:
+        return self.index == 0
+
+    @property
+    def trainable_flats(self) -> list[FlatParam]:
+        return [f for f in self.flats if f.requires_grad]
+
+    @property
+    def full_nbytes(self) -> int:
+        return sum(f.padded_numel * f.full.element_size() for f in self.flats)
+
+    def _expect(self, *states: UnitState) -> None:
+        if self.state not in states:
+            raise ZeroliteStateError(
+                f"unit {self.name!r} is {self.state.value}, expected "
+                f"{' or '.join(s.value for s in states)}; this is a zerolite bug, please report it")
+
+    # -- parameters --------------------------------------------------------------------
+    def gather(self, async_op: bool = False) -> None:
+        """Start (or finish, if not async) the all-gather of every flat param of the unit."""
+        if self.state is not UnitState.SHARDED:
+            if not async_op:
+                self.wait_gathered()
+            return
+        works = []
+        with torch.no_grad():
+            for flat in self.flats:
+                works.append(all_gather_flat(flat.alloc_full(), flat.shard, async_op=True))
+        self._gather_works = works
+        self.state = UnitState.GATHERING
+        if not async_op:
+            self.wait_gathered()
+
+    def wait_gathered(self) -> None:
+        if self.state is UnitState.GATHERED:
+            return
+        self._expect(UnitState.GATHERING)
+        for work in self._gather_works:
+            work.wait()
+        self._gather_works = []
+        for flat in self.flats:
+            flat.use_full_views()
+        self.state = UnitState.GATHERED
+
+    def release(self) -> None:
+        if self.state is UnitState.SHARDED:
+            return
+        if self.state is UnitState.GATHERING:
+            self.wait_gathered()
+        for flat in self.flats:
+            flat.free_full()
+        self.state = UnitState.SHARDED
+
+    # -- gradients ---------------------------------------------------------------------
+    def start_reduce(self, flat: FlatParam):
+        """Launch the reduce-scatter of `flat`'s full gradient; returns (work, out, flat)."""
+        buf = flat.grad_buffer
+        flat.grad_buffer = None
+        flat.grads_ready = 0
+        if flat.master is None:
+            return None  # grads of params that are not optimized are dropped
+        out = torch.empty(flat.shard_numel, dtype=torch.float32, device=buf.device)
+        work = reduce_scatter_flat(out, buf, async_op=True)
+        return work, out, flat, buf
+
+    def __repr__(self):
+        return f"Unit({self.index}, {self.name!r}, {self.state.value}, flats={self.flats})"
