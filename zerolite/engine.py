@@ -228,3 +228,36 @@ class ZeroEngine:
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes()}
+
+    # -- checkpoints (implemented in zerolite.checkpoint) ------------------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False):
+        from zerolite.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                               save_latest=save_latest,
+                               exclude_frozen_parameters=exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False, custom_load_fn=None):
+        from zerolite.checkpoint import load_checkpoint
+
+        if custom_load_fn is not None:
+            raise ZeroliteStateError("load_checkpoint(custom_load_fn=...) is not supported")
+        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+                               load_optimizer_states=load_optimizer_states,
+                               load_lr_scheduler_states=load_lr_scheduler_states,
+                               load_module_only=load_module_only)
+
+    def _zero3_consolidated_16bit_state_dict(self):
+        from zerolite.checkpoint import consolidated_16bit_state_dict
+
+        return consolidated_16bit_state_dict(self)
+
+    def save_16bit_model(self, save_dir, save_filename: str = "model.safetensors",
+                         exclude_frozen_parameters: bool = False):
+        from zerolite.checkpoint import save_16bit_model
+
+        return save_16bit_model(self, save_dir, save_filename,
+                                exclude_frozen_parameters=exclude_frozen_parameters)

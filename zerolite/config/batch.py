@@ -7,7 +7,6 @@ silently rounding down.
 
 from __future__ import annotations
 
-from typing import Any
 
 from zerolite.errors import ZeroliteConfigError
 
@@ -49,8 +48,9 @@ def derive_batch(raw: dict, world_size: int) -> tuple[int, int, int]:
             raise ZeroliteConfigError(
                 f"{TRAIN}/{MICRO}: all batch keys are 'auto' or missing (auto: {', '.join(autos)}); "
                 f"set {MICRO} (or {TRAIN}) to a number, zerolite cannot infer batch sizes")
-        raise ZeroliteConfigError(
-            f"{TRAIN}/{MICRO}: neither is given; set {MICRO} (and optionally {GAS}) or {TRAIN}")
+        alone = f" ({GAS} alone is not enough)" if gas is not None else ""
+        raise ZeroliteConfigError(f"{TRAIN}/{MICRO}: neither is given{alone}; set {MICRO} "
+                                  f"(and optionally {GAS}) or {TRAIN}")
     derived = ""
     if train is not None and micro is not None:
         if train % (micro * ws):

@@ -90,7 +90,7 @@ def _canonical(path: str, name: Any, table: dict, what: str) -> str:
     for canon in table:
         if canon.lower() == name.strip().lower():
             return canon
-    fail(path, name, f"a {what} zerolite supports, one of {supported}")
+    fail(path, name, f"one of the {what} types zerolite supports: {supported}")
 
 
 def _parse_params(path: str, given: Any, spec: dict, ctx: ParseContext, auto_rule) -> dict:
