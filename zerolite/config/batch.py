@@ -7,7 +7,6 @@ silently rounding down.
 
 from __future__ import annotations
 
-
 from zerolite.errors import ZeroliteConfigError
 
 from ._util import check_int, is_auto, logger
