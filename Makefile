@@ -17,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml constraints-cpu.txt
 
 demo: $(STAMP)
 	$(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) examples/train_gpt.py \
-		--deepspeed_config configs/zero3_cpu.json
+		--deepspeed_config configs/demo_zero3_cpu.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15

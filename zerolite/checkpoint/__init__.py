@@ -1,0 +1,101 @@
+"""Checkpoints as data: per-rank safetensors + JSON metadata, resharded on load, consolidatable.
+
+Public API:
+    save_checkpoint / load_checkpoint           (called by ZeroEngine.save/load_checkpoint)
+    consolidated_16bit_state_dict / save_16bit_model   (engine, collective)
+    consolidate_checkpoint / get_fp32_state_dict / load_state_dict_from_checkpoint  (offline)
+
+Guarantees (see format.py for the file layout):
+  * A save commits atomically: meta.json is replaced only after every rank's file is written,
+    fsynced and re-hashed; `latest` is updated after that. A crash or kill at any point leaves
+    the previous checkpoint and `latest` loadable. Re-saving an existing tag writes new file
+    names, so the tag reads as entirely old or entirely new, never a mix.
+  * A load verifies every file it reads (present, size, save id, sha256) and all ranks agree
+    on the outcome before any collective: bad input raises ZeroliteCheckpointError on every
+    rank, never a hang and never a silently wrong model.
+  * Any world size loads any other (resharding from the layout, flat by flat).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from zerolite.checkpoint import _dist
+from zerolite.checkpoint.consolidate import (consolidate_checkpoint, get_fp32_state_dict,
+                                             load_state_dict_from_checkpoint, write_model)
+from zerolite.checkpoint.errors import ZeroliteCheckpointError
+from zerolite.checkpoint.load import load_checkpoint
+from zerolite.checkpoint.save import persistent_buffers, save_checkpoint
+from zerolite.comm import all_gather_flat
+
+__all__ = ["save_checkpoint", "load_checkpoint", "consolidated_16bit_state_dict",
+           "save_16bit_model", "consolidate_checkpoint", "get_fp32_state_dict",
+           "load_state_dict_from_checkpoint", "ZeroliteCheckpointError"]
+
+
+def _gathered_params(engine, exclude_frozen: bool):
+    """Yield (slot, full compute-dtype flat) flat by flat. Collective: same order everywhere."""
+    for flat in engine.sharded.flats:
+        if exclude_frozen and not flat.requires_grad:
+            continue
+        full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.shard.device)
+        all_gather_flat(full, flat.shard.contiguous())
+        yield flat, full
+
+
+@torch.no_grad()
+def consolidated_16bit_state_dict(engine, exclude_frozen_parameters: bool = False) -> dict:
+    """Full parameters (compute dtype) and buffers on rank 0, {} elsewhere. Collective."""
+    out = {}
+    for flat, full in _gathered_params(engine, exclude_frozen_parameters):
+        if engine.rank == 0:
+            for s in flat.slots:
+                value = full[s.offset:s.offset + s.numel].view(s.shape).clone()
+                for name in s.names:
+                    out[name] = value
+    if engine.rank == 0:
+        for name, buf in persistent_buffers(engine.module).items():
+            out[name] = buf.detach().clone()
+    return out
+
+
+@torch.no_grad()
+def save_16bit_model(engine, save_dir, save_filename="model.safetensors",
+                     exclude_frozen_parameters=False):
+    """Rank 0 writes the full compute-dtype model as safetensors, streaming flat by flat.
+
+    Same file format as consolidate_checkpoint's output. Collective; returns True.
+    """
+    gen = _gathered_params(engine, exclude_frozen_parameters)
+    err = None
+    if engine.rank == 0:
+        # Build entries lazily: each read pulls the next gathered flat from the collective.
+        current = {"flat": None, "full": None}
+        entries = []
+        flats = [f for f in engine.sharded.flats
+                 if not (exclude_frozen_parameters and not f.requires_grad)]
+        for flat in flats:
+            for i, s in enumerate(flat.slots):
+                def read(flat=flat, s=s, first=(i == 0)):
+                    if first:
+                        current["flat"], current["full"] = next(gen)
+                    return current["full"][s.offset:s.offset + s.numel].view(s.shape)
+                entries.append((list(s.names), tuple(s.shape), flat.shard.dtype, read))
+        for name, buf in persistent_buffers(engine.module).items():
+            entries.append(([name], tuple(buf.shape), buf.dtype, lambda b=buf: b.detach()))
+        tmpdir = os.path.join(os.fspath(save_dir), f".{save_filename}.tmpdir")
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            write_model(tmpdir, entries, max_shard_size=1 << 62)
+            os.replace(os.path.join(tmpdir, "model.safetensors"),
+                       os.path.join(os.fspath(save_dir), save_filename))
+            os.rmdir(tmpdir)
+        except Exception as e:  # noqa: BLE001 - reported collectively below
+            err = f"save_16bit_model({save_dir}/{save_filename}): {e!r}"
+    for _ in gen:  # finish the collectives (all of them on ranks > 0, leftovers on rank 0)
+        pass
+    failed = _dist.first_error(_dist.all_gather_object(err))
+    if failed:
+        raise ZeroliteCheckpointError(failed[1])
+    return True

@@ -1,0 +1,238 @@
+"""`zerolite check-config CONFIG.json --world-size N [--params P | --model module:factory]`.
+
+Prints the resolved config, the batch triangle and a per-rank model-state memory estimate for
+ZeRO stages 0-3 (the table in DESIGN.md).
+
+Bytes per parameter Ψ (Adam/AdamW; N = world size):
+
+    mixed precision (fp16/bf16): 2 param + 2 grad + 12 optimizer (fp32 master 4 + exp_avg 4
+    + exp_avg_sq 4)
+        stage 0: 16Ψ   stage 1: 4Ψ + 12Ψ/N   stage 2: 2Ψ + 14Ψ/N   stage 3: 16Ψ/N
+
+    fp32: 4 param + 4 grad + 8 optimizer (exp_avg + exp_avg_sq). There is no separate master
+    copy: zerolite keeps the fp32 master AS the param shard (FlatParam.shard is master.data,
+    see zerolite/zero/flat_param.py), so the total is also 16 bytes per parameter.
+        stage 0: 16Ψ   stage 1: 8Ψ + 8Ψ/N    stage 2: 4Ψ + 12Ψ/N   stage 3: 16Ψ/N
+
+Stage 3 also holds the units gathered at the moment (reported separately). Activations,
+temporary buffers and the CUDA/allocator overhead are not included.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import warnings
+
+MIB = 1024 ** 2
+GIB = 1024 ** 3
+
+# (param, grad, optimizer) bytes per parameter, and which of them stages 1/2/3 shard.
+_BYTES = {"mixed": (2, 2, 12), "fp32": (4, 4, 8)}
+_SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"),
+            3: ("optimizer", "grads", "params")}
+_PRECISIONS = {"fp16": "mixed", "bf16": "mixed", "mixed": "mixed", "fp32": "fp32"}
+
+
+def estimate_model_state_bytes(num_params: int, world_size: int, stage: int,
+                               precision: str) -> dict:
+    """Per-rank model-state bytes for Adam under ZeRO ``stage`` (0-3).
+
+    ``precision``: "fp16", "bf16" (or "mixed") or "fp32". Returns a dict with "params",
+    "grads", "optimizer" (fp32 master + Adam moments), "total" (floats, bytes) and "formula"
+    (e.g. "4Ψ + 12Ψ/N"). Excludes activations and stage 3's gathered units.
+    """
+    if stage not in _SHARDED:
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
+    if world_size < 1 or num_params < 0:
+        raise ValueError("world_size must be >= 1 and num_params >= 0")
+    kind = _PRECISIONS[precision]
+    per = dict(zip(("params", "grads", "optimizer"), _BYTES[kind]))
+    out: dict = {}
+    full = shard = 0
+    for part, b in per.items():
+        if part in _SHARDED[stage]:
+            out[part] = b * num_params / world_size
+            shard += b
+        else:
+            out[part] = float(b * num_params)
+            full += b
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    terms = ([f"{full}Ψ"] if full else []) + ([f"{shard}Ψ/N"] if shard else [])
+    out["formula"] = " + ".join(terms)
+    return out
+
+
+def _precision_of(cfg) -> str:
+    return "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else "fp32"
+
+
+def _load_model(spec: str):
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--model {spec!r}: expected 'module:factory' (e.g. mypkg.models:build)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    factory = importlib.import_module(module_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise ValueError(f"--model {spec!r}: {attr} is not callable")
+    model = factory()
+    import torch.nn as nn
+
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--model {spec!r}: the factory returned {type(model).__name__}, "
+                         "not a torch.nn.Module")
+    return model
+
+
+def count_params(model) -> int:
+    """Parameters of ``model``, each tied (shared) parameter counted once."""
+    unique = {id(p): p for p in model.parameters()}  # parameters() already skips duplicates
+    return sum(p.numel() for p in unique.values())
+
+
+def _unit_sizes(model) -> tuple[int, int]:
+    """(root unit numel, largest other unit numel) under zerolite's default unit policy."""
+    from zerolite.zero.partition import assign_params, find_unit_modules
+
+    units = find_unit_modules(model, None)
+    owner, _ = assign_params(model, units)
+    sizes = [0] * (len(units) + 1)
+    for p, unit in owner.items():
+        sizes[unit] += p.numel()
+    return sizes[0], max(sizes[1:], default=0)
+
+
+def _guess_hidden_size(model) -> int | None:
+    for attr in ("hidden_size", "d_model", "n_embd"):
+        for holder in (getattr(model, "config", None), getattr(model, "cfg", None), model):
+            value = getattr(holder, attr, None) if holder is not None else None
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def _fmt(nbytes: float) -> str:
+    return f"{nbytes / GIB:10.3f} GiB" if nbytes >= GIB else f"{nbytes / MIB:10.3f} MiB"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zerolite check-config", allow_abbrev=False,
+                                description="Validate a DeepSpeed config and estimate memory.")
+    p.add_argument("config", help="DeepSpeed JSON config")
+    p.add_argument("--world-size", "--world_size", dest="world_size", type=int, required=True)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--params", type=float, default=None,
+                   help="number of model parameters (1.3e9 is fine)")
+    g.add_argument("--model", default=None, help="module:factory returning an nn.Module")
+    p.add_argument("--hidden-size", "--hidden_size", dest="hidden_size", type=int, default=None,
+                   help="model hidden size, to resolve 'auto' bucket sizes")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (config, batch, memory in bytes) instead of text")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from zerolite.config import load_config
+    from zerolite.errors import ZeroliteConfigError
+
+    model = None
+    hidden = args.hidden_size
+    if args.model is not None:
+        try:
+            model = _load_model(args.model)
+        except Exception as e:  # noqa: BLE001 - the user's import/factory failing is a user error
+            sys.stderr.write(f"zerolite check-config: error: --model {args.model!r}: "
+                             f"{type(e).__name__}: {e}\n")
+            return 2
+        hidden = hidden or _guess_hidden_size(model)
+    if args.params is not None and (args.params < 0 or not float(args.params).is_integer()):
+        sys.stderr.write(f"zerolite check-config: error: --params {args.params}: expected a "
+                         "non-negative whole number\n")
+        return 2
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = load_config(args.config, args.world_size, hidden_size=hidden)
+    except ZeroliteConfigError as e:
+        sys.stderr.write(f"zerolite check-config: error: {e}\n")
+        return 2
+    for w in caught:
+        sys.stderr.write(f"zerolite check-config: warning: {w.message}\n")
+
+    num_params = None
+    if model is not None:
+        num_params = count_params(model)
+    elif args.params is not None:
+        num_params = int(args.params)
+    summary = summarize(cfg, num_params, model)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    else:
+        print_summary(summary)
+    return 0
+
+
+def summarize(cfg, num_params: int | None, model=None) -> dict:
+    """Everything check-config reports, as JSON-able data (memory in bytes)."""
+    out = {"config": cfg.to_dict(),
+           "batch": {"train_batch_size": cfg.train_batch_size,
+                     "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
+                     "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+                     "world_size": cfg.world_size},
+           "num_params": num_params, "precision": _precision_of(cfg),
+           "stage": cfg.zero_optimization.stage, "memory": None}
+    if num_params is None:
+        return out
+    precision = out["precision"]
+    compute_bytes = 4 if precision == "fp32" else 2
+    mem = {"per_stage": {s: estimate_model_state_bytes(num_params, cfg.world_size, s, precision)
+                         for s in range(4)}}
+    if model is not None:
+        root, largest = _unit_sizes(model)
+        live = min(num_params, root + 2 * largest)
+        mem["stage3_gathered_bytes"] = live * compute_bytes
+        mem["stage3_gathered_note"] = (
+            f"root unit {root:,} params kept gathered + 2 x largest unit {largest:,} params "
+            "(the one computing and the next)")
+    else:
+        live = min(num_params, cfg.zero_optimization.stage3_max_live_parameters)
+        mem["stage3_gathered_bytes"] = live * compute_bytes
+        mem["stage3_gathered_note"] = ("upper bound from stage3_max_live_parameters; pass "
+                                       "--model for a per-unit estimate")
+    mem["not_included"] = "activations, temporary communication/gradient buffers, allocator overhead"
+    out["memory"] = mem
+    return out
+
+
+def print_summary(summary: dict) -> None:
+    print("resolved config:")
+    print(json.dumps(summary["config"], indent=2, sort_keys=True, default=str))
+    b = summary["batch"]
+    print(f"\nbatch: train_batch_size {b['train_batch_size']} = micro batch "
+          f"{b['train_micro_batch_size_per_gpu']} x gradient_accumulation_steps "
+          f"{b['gradient_accumulation_steps']} x world_size {b['world_size']}")
+    mem = summary["memory"]
+    if mem is None:
+        print("\nmemory: pass --params P or --model module:factory for a memory estimate")
+        return
+    precision, stage = summary["precision"], summary["stage"]
+    kind = "mixed precision" if precision != "fp32" else "fp32 master = param shard"
+    print(f"\nmodel-state memory per rank: {summary['num_params']:,} params, {precision} "
+          f"({kind}), Adam, world_size N={b['world_size']}  [config uses stage {stage}]")
+    print(f"  {'stage':<7}{'formula':<14}{'params':>14}{'grads':>14}{'optimizer':>14}"
+          f"{'total':>14}")
+    for s, e in mem["per_stage"].items():
+        mark = " <-" if s == stage else ""
+        print(f"  {s:<7}{e['formula']:<14}{_fmt(e['params'])}{_fmt(e['grads'])}"
+              f"{_fmt(e['optimizer'])}{_fmt(e['total'])}{mark}")
+    print(f"  stage 3 extra, gathered units: {_fmt(mem['stage3_gathered_bytes']).strip()} "
+          f"({mem['stage3_gathered_note']})")
+    print(f"  not included: {mem['not_included']}")
