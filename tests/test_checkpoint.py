@@ -214,7 +214,9 @@ def test_consolidate_sharded_bf16_cli(ckpt2, tmp_path):
     sd = {}
     for f in files:
         part = load_file(out / f)
-        assert sum(t.numel() * 2 for t in part.values()) <= 20_000 or len(part) == 1
+        # a tensor (with its tied aliases) larger than the limit gets a shard of its own
+        assert sum(t.numel() * 2 for t in part.values()) <= 20_000 or \
+            set(part) <= {"tok_emb.weight", "lm_head.weight"}
         sd.update(part)
     assert sd.keys() == index["weight_map"].keys()
     assert all(v.dtype == torch.bfloat16 for v in sd.values())
@@ -226,7 +228,7 @@ def test_consolidate_sharded_bf16_cli(ckpt2, tmp_path):
 
 
 def _sixteen_bit(rank, world, out_dir):
-    engine = _engine(world, bf16={"enabled": True})
+    engine = _engine(world, bf16=True)
     train_engine(engine, _batches()[:2], rank, world)
     sd = engine._zero3_consolidated_16bit_state_dict()
     assert engine.save_16bit_model(out_dir) is True

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from zerolite.comm.build import build_grad_reducer
 from zerolite.errors import ZeroliteStateError
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
@@ -54,7 +55,8 @@ class ZeroEngine:
         group_of, group_hparams = _param_groups(model, model_parameters)
         self.sharded = ShardedModel(model, stage=zc.stage, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
-                                    world_size=self.world_size, unit_policy=policy)
+                                    world_size=self.world_size, unit_policy=policy,
+                                    reducer=build_grad_reducer(config, self.world_size))
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
@@ -135,9 +137,11 @@ class ZeroEngine:
 
     @torch.no_grad()
     def _apply_update(self) -> None:
+        self.sharded.reduce_deferred_grads()
         masters = [f.master for f in self.sharded.flats if f.master is not None]
         grads = [m.grad for m in masters if m.grad is not None]
-        norm = global_grad_norm(grads)
+        # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
+        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1)
         self._global_grad_norm = norm
         coef = clip_coefficient(norm, self._config.gradient_clipping)
         if coef is not None:

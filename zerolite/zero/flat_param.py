@@ -39,12 +39,15 @@ class FlatParam:
     """A padded flat buffer of parameters: the local shard always, the full buffer on demand."""
 
     def __init__(self, params: list[tuple[tuple[str, ...], nn.Parameter]], *, rank: int,
-                 world_size: int, compute_dtype: torch.dtype, group_index: int | None):
+                 partitions: int, compute_dtype: torch.dtype, group_index: int | None):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
         """Index of the optimizer param group; None = not optimized (frozen or not passed)."""
-        self.rank, self.world_size = rank, world_size
+        self.partitions = partitions
+        """Ranks the flat is split over: the world size, or 1 at stage 0 (nothing sharded)."""
+        self.rank = rank if partitions > 1 else 0
+        """This rank's slice index within the partitions."""
         self.compute_dtype = compute_dtype
         device = params[0][1].device
         slots, offset = [], 0
@@ -53,8 +56,8 @@ class FlatParam:
             offset += p.numel()
         self.slots: list[ParamSlot] = slots
         self.numel = offset
-        self.shard_numel = max(1, math.ceil(offset / world_size))
-        self.padded_numel = self.shard_numel * world_size
+        self.shard_numel = max(1, math.ceil(offset / partitions))
+        self.padded_numel = self.shard_numel * partitions
 
         # Build the fp32 flat copy from the ORIGINAL values (before any cast to 16 bit),
         # make it identical on every rank, and keep only this rank's slice.
@@ -62,7 +65,7 @@ class FlatParam:
         for slot, p in zip(slots, self.params):
             flat32[slot.offset:slot.offset + slot.numel].copy_(p.detach().reshape(-1))
         broadcast(flat32, src=0)
-        lo = rank * self.shard_numel
+        lo = self.rank * self.shard_numel
         shard32 = flat32[lo:lo + self.shard_numel].clone()
         del flat32
         self.master: nn.Parameter | None = None
@@ -81,6 +84,10 @@ class FlatParam:
         self.free_full()
 
     # -- full buffer -------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.partitions
+
     @property
     def is_full_allocated(self) -> bool:
         return self.full.untyped_storage().nbytes() > 0

@@ -1,7 +1,11 @@
 """ShardedModel: turns a module into units of flat, sharded params and runs their lifecycle.
 
-Stage 3 releases a unit's full buffer after each use; stages 0-2 keep every unit gathered
-and only shard gradients / optimizer state (see DESIGN.md, "one engine, four stages").
+One engine, four stages (DESIGN.md):
+  stage 3  releases a unit's full params after each use; grads reduce-scattered in backward
+  stage 2  keeps full params; grads reduce-scattered in backward into fp32 shards
+  stage 1  keeps full params and full fp32 grads (accumulated over micro-steps); reduce-
+           scatters once per optimizer step; only the optimizer state is sharded
+  stage 0  nothing sharded (one partition): grads all-reduced, full optimizer state per rank
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from collections import deque
 import torch
 import torch.nn as nn
 
+from zerolite.comm.reducers import GradReducer, ParamGatherer
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.flat_param import FlatParam
 from zerolite.zero.hooks import install_hooks
@@ -27,11 +32,16 @@ full-size fp32 gradient buffers alive during backward."""
 class ShardedModel:
     def __init__(self, module: nn.Module, *, stage: int, compute_dtype: torch.dtype,
                  group_of: dict[nn.Parameter, int], rank: int, world_size: int,
-                 unit_policy: UnitPolicy | None = None):
+                 unit_policy: UnitPolicy | None = None, reducer: GradReducer | None = None,
+                 gatherer: ParamGatherer | None = None):
         self.module = module
         self.stage = stage
         self.reshard_after_use = stage == 3
+        self.defer_reduce = stage == 1
+        self.partitions = 1 if stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
+        self.reducer = reducer or GradReducer(world_size)
+        self.gatherer = gatherer or ParamGatherer()
         self.compute_dtype = compute_dtype
         unit_modules = find_unit_modules(module, unit_policy)
         owner, names = assign_params(module, unit_modules)
@@ -52,7 +62,7 @@ class ShardedModel:
         self._hook_handles = install_hooks(self)
         if not self.reshard_after_use:
             for unit in self.units:
-                unit.gather()
+                unit.gather(self.gatherer)
         logger.debug("zerolite units: %s", self.units)
 
     @staticmethod
@@ -67,7 +77,7 @@ class ShardedModel:
         for p in params:
             group = group_of.get(p) if p.requires_grad else None
             buckets.setdefault((group, p.requires_grad), []).append((names[p], p))
-        return [FlatParam(items, rank=self.rank, world_size=self.world_size,
+        return [FlatParam(items, rank=self.rank, partitions=self.partitions,
                           compute_dtype=self.compute_dtype, group_index=group)
                 for (group, _), items in buckets.items()]
 
@@ -89,7 +99,7 @@ class ShardedModel:
 
     # -- forward / backward events (called from hooks) ---------------------------------
     def before_unit_forward(self, unit: Unit) -> None:
-        unit.gather()
+        unit.gather(self.gatherer)
 
     def after_unit_forward(self, unit: Unit, needs_backward: bool) -> None:
         if not self.reshard_after_use or self.in_backward:
@@ -102,7 +112,7 @@ class ShardedModel:
 
     def before_unit_backward(self, unit: Unit) -> None:
         self.in_backward = True
-        unit.gather()
+        unit.gather(self.gatherer)
 
     def after_unit_backward(self, unit: Unit) -> None:
         unit.pending_input_grads -= 1
@@ -110,7 +120,7 @@ class ShardedModel:
 
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None:
         self.in_backward = True
-        if flat.take_param_grad(index):
+        if flat.take_param_grad(index) and not self.defer_reduce:
             self._launch_reduce(unit, flat)
             self._maybe_release_after_backward(unit)
 
@@ -122,36 +132,47 @@ class ShardedModel:
     # -- gradient reduction ------------------------------------------------------------
     def _launch_reduce(self, unit: Unit, flat: FlatParam) -> None:
         unit.reduced_flats += 1
-        item = unit.start_reduce(flat)
+        item = unit.start_reduce(flat, self.reducer)
         if item is None:
             return
         self._reduces.append(item)
         while len(self._reduces) > MAX_INFLIGHT_REDUCES:
             self._complete_reduce(self._reduces.popleft())
 
-    def _complete_reduce(self, item) -> None:
-        work, out, flat, _full_grad = item
-        work.wait()
-        out.div_(self.world_size)
+    @staticmethod
+    def _complete_reduce(item) -> None:
+        pending, flat = item
+        shard = pending.wait()
         if flat.master.grad is None:
-            flat.master.grad = out
+            flat.master.grad = shard
         else:
-            flat.master.grad.add_(out)
+            flat.master.grad.add_(shard)
 
-    def finish_backward(self) -> None:
-        """Reduce what is left (params that got no grad count as zero), wait, release."""
+    def _drain_reduces(self) -> None:
         for unit in reversed(self.units):
             for flat in unit.trainable_flats:
                 if flat.grad_buffer is not None:
                     self._launch_reduce(unit, flat)
         while self._reduces:
             self._complete_reduce(self._reduces.popleft())
+
+    def finish_backward(self) -> None:
+        """Reduce what is left (params that got no grad count as zero), wait, release."""
+        if not self.defer_reduce:
+            self._drain_reduces()
         for unit in self.units:
             unit.pending_input_grads = 0
             unit.reduced_flats = 0
             if self.reshard_after_use:
                 unit.release()
+        for flat in self.flats:
+            flat.grads_ready = 0
         self.in_backward = False
+
+    def reduce_deferred_grads(self) -> None:
+        """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
+        if self.defer_reduce:
+            self._drain_reduces()
 
     # -- after the optimizer step --------------------------------------------------------
     @torch.no_grad()
@@ -161,7 +182,7 @@ class ShardedModel:
         if not self.reshard_after_use:
             for unit in self.units:
                 unit.release()
-                unit.gather()
+                unit.gather(self.gatherer)
 
     def release_all(self) -> None:
         for unit in self.units:
@@ -179,8 +200,11 @@ def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> di
     out: dict[str, torch.Tensor] = {}
     for flat in sharded.flats:
         src = flat.master.detach() if (use_master and flat.master is not None) else flat.shard
-        full = torch.empty(flat.padded_numel, dtype=src.dtype, device=src.device)
-        all_gather_flat(full, src.contiguous())
+        if flat.partitions == 1:
+            full = src.clone()
+        else:
+            full = torch.empty(flat.padded_numel, dtype=src.dtype, device=src.device)
+            all_gather_flat(full, src.contiguous())
         for slot in flat.slots:
             value = full[slot.offset:slot.offset + slot.numel].view(slot.shape).clone()
             for name in slot.names:

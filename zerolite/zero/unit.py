@@ -10,7 +10,6 @@ import enum
 import torch
 import torch.nn as nn
 
-from zerolite.comm import all_gather_flat, reduce_scatter_flat
 from zerolite.errors import ZeroliteStateError
 from zerolite.zero.flat_param import FlatParam
 
@@ -53,17 +52,14 @@ class Unit:
                 f"{' or '.join(s.value for s in states)}; this is a zerolite bug, please report it")
 
     # -- parameters --------------------------------------------------------------------
-    def gather(self, async_op: bool = False) -> None:
+    def gather(self, gatherer, async_op: bool = False) -> None:
         """Start (or finish, if not async) the all-gather of every flat param of the unit."""
         if self.state is not UnitState.SHARDED:
             if not async_op:
                 self.wait_gathered()
             return
-        works = []
         with torch.no_grad():
-            for flat in self.flats:
-                works.append(all_gather_flat(flat.alloc_full(), flat.shard, async_op=True))
-        self._gather_works = works
+            self._gather_works = [gatherer.start(flat) for flat in self.flats]
         self.state = UnitState.GATHERING
         if not async_op:
             self.wait_gathered()
@@ -73,7 +69,8 @@ class Unit:
             return
         self._expect(UnitState.GATHERING)
         for work in self._gather_works:
-            work.wait()
+            if work is not None:
+                work.wait()
         self._gather_works = []
         for flat in self.flats:
             flat.use_full_views()
@@ -89,16 +86,14 @@ class Unit:
         self.state = UnitState.SHARDED
 
     # -- gradients ---------------------------------------------------------------------
-    def start_reduce(self, flat: FlatParam):
-        """Launch the reduce-scatter of `flat`'s full gradient; returns (work, out, flat)."""
+    def start_reduce(self, flat: FlatParam, reducer):
+        """Launch the reduction of `flat`'s full gradient; returns (pending, flat) or None."""
         buf = flat.grad_buffer
         flat.grad_buffer = None
         flat.grads_ready = 0
         if flat.master is None:
             return None  # grads of params that are not optimized are dropped
-        out = torch.empty(flat.shard_numel, dtype=torch.float32, device=buf.device)
-        work = reduce_scatter_flat(out, buf, async_op=True)
-        return work, out, flat, buf
+        return reducer.start(flat, buf), flat
 
     def __repr__(self):
         return f"Unit({self.index}, {self.name!r}, {self.state.value}, flats={self.flats})"

@@ -1,0 +1,304 @@
+"""The `zerolite` command: launcher dry runs, hostfile errors, check-config numbers, report."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from zerolite.cli.check_config import estimate_model_state_bytes
+from zerolite.cli.launch import LaunchError, build_parser, parse_hostfile, plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args, cwd=None, timeout=120):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "zerolite.cli", *map(str, args)], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+HOSTS = """# two nodes
+worker-0 slots=4   # first
+
+worker-1 slots=4
+"""
+
+
+def plan_of(argv, gpus=0, names=("worker-1",)):
+    return plan(build_parser().parse_args([*argv, "train.py", "--lr", "1"]), gpus=gpus,
+                local_names=set(names))
+
+
+# -- launcher: dry runs --------------------------------------------------------------------
+def test_dry_run_single_node_cpu_prints_torchrun_command():
+    r = cli("--num_procs", "3", "--dry-run", "train.py", "--foo", "1")
+    assert r.returncode == 0, r.stderr
+    cmd = r.stdout.strip().splitlines()[-1]
+    assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=3 --standalone" in cmd
+    assert cmd.endswith("--max-restarts=0 train.py --foo 1")
+    # `launch` as an explicit subcommand gives the same command.
+    r2 = cli("launch", "--num_procs", "3", "--dry-run", "train.py", "--foo", "1")
+    assert r2.stdout.strip().splitlines()[-1] == cmd
+
+
+def test_dry_run_hostfile_derives_node_rank_from_hostname(tmp_path):
+    me = socket.gethostname()
+    hostfile = write(tmp_path, "hosts", f"other-host slots=2\n{me} slots=2\n")
+    r = cli("--hostfile", hostfile, "--master_port", 29555, "--max_restarts", 2, "--dry-run",
+            "train.py")
+    assert r.returncode == 0, r.stderr
+    cmd = r.stdout.strip().splitlines()[-1]
+    for part in ("--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
+                 "--master-addr=other-host", "--master-port=29555", "--max-restarts=2"):
+        assert part in cmd
+    assert "run this same zerolite command on every node" in r.stdout
+
+
+def test_dry_run_include_exclude_subprocess(tmp_path):
+    hostfile = write(tmp_path, "hosts", HOSTS)
+    r = cli("-H", hostfile, "--include", "worker-0:0,1@worker-1:2,3", "--node_rank", 1,
+            "--dry-run", "train.py")
+    assert r.returncode == 0, r.stderr
+    assert "--nnodes=2 --nproc-per-node=2 --node-rank=1 --master-addr=worker-0" in r.stdout
+    r = cli("-H", hostfile, "--exclude", "worker-1", "--dry-run", "train.py")
+    assert r.returncode == 0, r.stderr
+    assert "--nnodes=1 --nproc-per-node=4 --standalone" in r.stdout
+
+
+@pytest.mark.parametrize("argv, nnodes, nproc, node_rank, visible", [
+    (["--hostfile", "H"], 2, 4, 1, None),
+    (["--hostfile", "H", "--num_nodes", "1"], 1, 4, 0, None),
+    (["--hostfile", "H", "--num_gpus", "2", "--node_rank", "0"], 2, 2, 0, None),
+    (["--hostfile", "H", "--include", "worker-1:1,3"], 1, 2, 0, "1,3"),
+    (["--hostfile", "H", "--include", "worker-0@worker-1"], 2, 4, 1, None),
+    (["--hostfile", "H", "--exclude", "worker-0:0@worker-1:3"], 2, 3, 1, None),
+    (["--hostfile", "H", "--exclude", "worker-0:0@worker-1:3", "--node_rank", "0"], 2, 3, 0,
+     "1,2,3"),
+    (["--hostfile", "H", "--exclude", "worker-0"], 1, 4, 0, None),
+    (["--num_gpus", "2"], 1, 2, 0, None),
+    (["--include", "localhost:1"], 1, 1, 0, "1"),
+])
+def test_plan_combinations(tmp_path, argv, nnodes, nproc, node_rank, visible):
+    hostfile = write(tmp_path, "hosts", HOSTS)
+    argv = [hostfile if a == "H" else a for a in argv]
+    p = plan_of(argv, gpus=4)
+    assert (p["nnodes"], p["nproc"], p["node_rank"]) == (nnodes, nproc, node_rank)
+    assert p["env"].get("CUDA_VISIBLE_DEVICES") == visible
+    assert f"--nproc-per-node={nproc}" in p["cmd"] and p["cmd"][-3:] == ["train.py", "--lr", "1"]
+    if nnodes > 1:
+        assert f"--node-rank={node_rank}" in p["cmd"]
+        assert "--master-addr=worker-0" in p["cmd"] and "--master-port=29500" in p["cmd"]
+
+
+def test_plan_multinode_without_hostfile_and_cpu_defaults():
+    p = plan_of(["--num_nodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+                 "--num_procs", "2"])
+    assert p["nnodes"] == 2 and p["nproc"] == 2
+    assert "--master-addr=10.0.0.1" in p["cmd"] and "--node-rank=1" in p["cmd"]
+    p = plan_of([])  # no GPUs, no flags: one CPU rank
+    assert p["nproc"] == 1 and "--standalone" in p["cmd"] and p["env"] == {}
+
+
+# -- launcher: errors ----------------------------------------------------------------------
+@pytest.mark.parametrize("text, needle", [
+    ("worker-0 slots=4\nworker-1 slot=4\n", ":2: 'worker-1 slot=4': expected 'hostname slots=N'"),
+    ("worker-0\n", ":1: 'worker-0': expected 'hostname slots=N'"),
+    ("worker-0 slots=x\n", ":1: 'worker-0 slots=x': slots must be a positive integer"),
+    ("worker-0 slots=0\n", "slots must be a positive integer"),
+    ("a slots=1\na slots=2\n", ":2: 'a slots=2': host 'a' is listed twice"),
+    ("# only a comment\n\n", "no 'hostname slots=N' lines found"),
+])
+def test_bad_hostfile_lines(tmp_path, text, needle):
+    with pytest.raises(LaunchError, match=None) as info:
+        parse_hostfile(text, "hosts")
+    assert needle in str(info.value)
+
+
+def test_bad_hostfile_exits_2_with_one_line(tmp_path):
+    hostfile = write(tmp_path, "hosts", "worker-0 slots=2\nworker-1 slots two\n")
+    r = cli("--hostfile", hostfile, "--dry-run", "train.py")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{hostfile}:2:" in lines[0] and "slots two" in lines[0]
+    r = cli("--hostfile", str(tmp_path / "missing"), "--dry-run", "train.py")
+    assert r.returncode == 2 and "--hostfile" in r.stderr and "cannot read" in r.stderr
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--include", "worker-9"], "host 'worker-9' is not in the hostfile"),
+    (["--include", "worker-0:7"], "host 'worker-0' has no slot 7"),
+    (["--include", "worker-0:a"], "slot 'a' of host 'worker-0'"),
+    (["--include", "@worker-0"], "empty host name"),
+    (["--include", "worker-0:0,0"], "slot 0 of host 'worker-0' appears twice"),
+    (["--include", "worker-0", "--exclude", "worker-1"], "--include and --exclude"),
+    (["--include", "worker-0", "--num_gpus", "2"], "cannot be combined with --num_nodes"),
+    (["--exclude", "worker-0@worker-1"], "excludes every host"),
+    (["--include", "worker-0:0@worker-1"], "different slot counts"),
+    (["--num_gpus", "2", "--num_procs", "3"], "--num_gpus 2 and --num_procs 3 disagree"),
+    (["--num_procs", "0"], "--num_procs 0"),
+    (["--num_nodes", "3"], "--num_nodes 3: the hostfile has only 2"),
+    (["--num_gpus", "8"], "host 'worker-0' has only 4 slot(s)"),
+    (["--node_rank", "5"], "--node_rank 5: must be < the number of nodes (2)"),
+])
+def test_bad_flags(tmp_path, argv, needle):
+    hostfile = write(tmp_path, "hosts", HOSTS)
+    with pytest.raises(LaunchError) as info:
+        plan_of(["--hostfile", hostfile, *argv], gpus=4)
+    assert needle in str(info.value)
+
+
+def test_unknown_node_and_multinode_without_hostfile_errors(tmp_path):
+    hostfile = write(tmp_path, "hosts", HOSTS)
+    with pytest.raises(LaunchError, match="not among the hosts.*pass --node_rank"):
+        plan_of(["--hostfile", hostfile], names=("laptop",))
+    with pytest.raises(LaunchError, match="needs --master_addr and --node_rank"):
+        plan_of(["--num_nodes", "2"])
+
+
+def test_bad_include_exits_2_via_cli(tmp_path):
+    hostfile = write(tmp_path, "hosts", HOSTS)
+    r = cli("--hostfile", hostfile, "--include", "worker-0:9", "--dry-run", "train.py")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "zerolite: error: --include 'worker-0:9': host 'worker-0' has no slot 9 (slots 0-3)"]
+
+
+# -- check-config --------------------------------------------------------------------------
+def formulas(p, n, stage, precision):
+    if precision == "fp32":
+        return {0: 16 * p, 1: 8 * p + 8 * p / n, 2: 4 * p + 12 * p / n, 3: 16 * p / n}[stage]
+    return {0: 16 * p, 1: 4 * p + 12 * p / n, 2: 2 * p + 14 * p / n, 3: 16 * p / n}[stage]
+
+
+@pytest.mark.parametrize("p", [1, 124_439_808, 7_000_000_000])
+@pytest.mark.parametrize("n", [1, 2, 8, 64])
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_estimator_matches_table(p, n, precision):
+    for stage in range(4):
+        e = estimate_model_state_bytes(p, n, stage, precision)
+        assert e["total"] == pytest.approx(formulas(p, n, stage, precision), rel=1e-12)
+        assert e["total"] == pytest.approx(e["params"] + e["grads"] + e["optimizer"])
+    assert estimate_model_state_bytes(p, n, 3, precision)["formula"] == "16Ψ/N"
+
+
+def test_estimator_rejects_bad_input():
+    with pytest.raises(ValueError, match="stage"):
+        estimate_model_state_bytes(10, 2, 4, "bf16")
+    with pytest.raises(ValueError, match="precision"):
+        estimate_model_state_bytes(10, 2, 3, "int8")
+
+
+MODEL_FILE = """
+import torch.nn as nn
+from zerolite.models import GPT, GPTConfig
+
+def tiny():
+    return GPT(GPTConfig(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=32))
+
+def untied():
+    return GPT(GPTConfig(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=32,
+                         tie_embeddings=False))
+
+def mlp():
+    return nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3))
+"""
+
+
+@pytest.mark.parametrize("factory, world", [("tiny", 2), ("untied", 4), ("mlp", 3)])
+@pytest.mark.parametrize("config", ["zero3_bf16.json", "zero3_cpu.json"])
+def test_check_config_model_numbers(tmp_path, factory, world, config):
+    import importlib
+
+    write(tmp_path, "my_models.py", MODEL_FILE)
+    r = cli("check-config", os.path.join(ROOT, "configs", config), "--world-size", world,
+            "--model", f"my_models:{factory}", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        model = getattr(importlib.import_module("my_models"), factory)()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_models", None)
+    p = sum(t.numel() for t in {id(t): t for t in model.parameters()}.values())
+    assert out["num_params"] == p
+    if factory == "tiny":  # tied lm_head counted once
+        assert p == sum(t.numel() for n, t in model.named_parameters() if n != "lm_head.weight")
+    precision = out["precision"]
+    assert precision == ("bf16" if config == "zero3_bf16.json" else "fp32")
+    for stage, e in out["memory"]["per_stage"].items():
+        assert e["total"] == pytest.approx(formulas(p, world, int(stage), precision))
+    b = out["batch"]
+    assert b["train_batch_size"] == (b["train_micro_batch_size_per_gpu"]
+                                     * b["gradient_accumulation_steps"] * world)
+    assert out["memory"]["stage3_gathered_bytes"] > 0
+
+
+def test_check_config_text_output():
+    r = cli("check-config", os.path.join(ROOT, "configs", "zero3_bf16.json"), "--world-size", 4,
+            "--params", "1.3e9")
+    assert r.returncode == 0, r.stderr
+    assert "train_batch_size 16 = micro batch 4 x gradient_accumulation_steps 1 x world_size 4" \
+        in r.stdout
+    assert '"stage": 3' in r.stdout  # resolved config
+    assert "16Ψ/N" in r.stdout and "4Ψ + 12Ψ/N" in r.stdout
+    assert "activations" in r.stdout and "not included" in r.stdout
+    gib = 16 * 1.3e9 / 4 / 2**30
+    assert f"{gib:.3f} GiB <-" in r.stdout
+
+
+@pytest.mark.parametrize("cfg, needle", [
+    ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu"),
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}, "not divisible"),
+    ({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 7}},
+     "zero_optimization.stage"),
+])
+def test_check_config_bad_config_exits_2(tmp_path, cfg, needle):
+    path = write(tmp_path, "ds.json", json.dumps(cfg))
+    r = cli("check-config", path, "--world-size", 2)
+    assert r.returncode == 2
+    assert needle in r.stderr and "error:" in r.stderr and r.stdout == ""
+
+
+def test_check_config_bad_json_and_bad_model(tmp_path):
+    path = write(tmp_path, "ds.json", '{"train_batch_size": 8,}')
+    r = cli("check-config", path, "--world-size", 2)
+    assert r.returncode == 2 and "invalid JSON" in r.stderr
+    good = os.path.join(ROOT, "configs", "zero3_cpu.json")
+    r = cli("check-config", good, "--world-size", 2, "--model", "no_such_module:f")
+    assert r.returncode == 2 and "no_such_module" in r.stderr
+
+
+# -- report / help / consolidate -----------------------------------------------------------
+def test_report_lists_versions():
+    import torch
+
+    r = cli("report", "--no-kernel-check")
+    assert r.returncode == 0, r.stderr
+    assert f"torch                  {torch.__version__}" in r.stdout
+    for needle in ("python", "safetensors", "psutil", "zerolite", "triton", "cuda available",
+                   "backends available", "gloo", "TRITON_INTERPRET", "cpu count", "memory"):
+        assert needle in r.stdout
+
+
+def test_help_and_consolidate_delegation(monkeypatch):
+    from zerolite import cli as cli_pkg
+
+    r = cli("--help")
+    assert r.returncode == 0 and "check-config" in r.stdout
+    calls = []
+    fake = SimpleNamespace(main=lambda argv: calls.append(argv) or 0)
+    monkeypatch.setitem(sys.modules, "zerolite.checkpoint.consolidate", fake)
+    assert cli_pkg.main(["consolidate", "in", "out"]) == 0
+    assert calls == [["in", "out"]]

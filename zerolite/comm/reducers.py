@@ -1,0 +1,74 @@
+"""Gradient reduction and parameter gathering strategies for one FlatParam.
+
+The sharded model asks a GradReducer to turn a full fp32 gradient buffer into this rank's
+averaged fp32 gradient shard, and a ParamGatherer to fill a full parameter buffer from the
+shards. Variants (16-bit communication, quantized ZeRO++-style reductions) subclass these;
+the sharded model does not know which one it runs.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from zerolite.comm.collectives import all_gather_flat, all_reduce_sum, reduce_scatter_flat
+
+
+class PendingReduce:
+    """An in-flight reduction; `wait()` returns the averaged fp32 gradient shard."""
+
+    def __init__(self, work, result: torch.Tensor, finish=None):
+        self._work, self._result, self._finish = work, result, finish
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            self._work.wait()
+        return self._finish(self._result) if self._finish else self._result
+
+
+class GradReducer:
+    """Exact reduction: reduce-scatter (stages 1-3) or all-reduce (stage 0, one partition).
+
+    `comm_dtype` (DeepSpeed's `communication_data_type`) sends 16-bit values and sums in that
+    dtype; the default sends fp32. `predivide` (DeepSpeed's `gradient_predivide_factor` with
+    `prescale_gradients`) divides before the sum and the rest after.
+    """
+
+    def __init__(self, world_size: int, comm_dtype: torch.dtype | None = None,
+                 predivide: float = 1.0):
+        self.world_size = world_size
+        self.comm_dtype = comm_dtype or torch.float32
+        self.predivide = predivide
+        self.bytes_sent: Counter = Counter()
+        """Bytes this rank put on the wire, by collective kind (reset by the caller)."""
+
+    def start(self, flat, full_grad: torch.Tensor) -> PendingReduce:
+        send = full_grad if self.predivide == 1.0 else full_grad.div_(self.predivide)
+        if self.comm_dtype != torch.float32:
+            send = send.to(self.comm_dtype)
+        post = self.predivide / self.world_size
+
+        def finish(result):
+            return result.float().mul_(post) if post != 1.0 else result.float()
+
+        if flat.partitions == 1:
+            self.bytes_sent["all_reduce"] += send.numel() * send.element_size()
+            return PendingReduce(all_reduce_sum(send, async_op=True), send, finish)
+        out = torch.empty(flat.shard_numel, dtype=send.dtype, device=send.device)
+        self.bytes_sent["reduce_scatter"] += send.numel() * send.element_size()
+        return PendingReduce(reduce_scatter_flat(out, send, async_op=True), out, finish)
+
+
+class ParamGatherer:
+    """Exact gather of a unit's full parameters from the compute-dtype shards."""
+
+    def __init__(self):
+        self.bytes_sent: Counter = Counter()
+
+    def start(self, flat):
+        full = flat.alloc_full()
+        if flat.partitions == 1:
+            full.copy_(flat.shard)
+            return None
+        self.bytes_sent["all_gather"] += flat.shard.numel() * flat.shard.element_size()
+        return all_gather_flat(full, flat.shard, async_op=True)
