@@ -15,6 +15,7 @@ from zerolite.comm.build import build_grad_reducer
 from zerolite.errors import ZeroliteStateError
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
+from zerolite.optim.loss_scaler import LossScaler
 from zerolite.zero.partition import policy_from_classes
 from zerolite.zero.sharded_model import ShardedModel
 
@@ -61,6 +62,9 @@ class ZeroEngine:
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
                                          opt_cfg.params if opt_cfg else None, optimizer, masters)
+        self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
+        if self.optimizer is not None:
+            self.optimizer.overflow = False
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = self._build_dataloader(training_data, collate_fn)
         self.global_steps = 0
@@ -110,6 +114,8 @@ class ZeroEngine:
         scaled = loss
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             scaled = loss / self.gradient_accumulation_steps()
+        if self.loss_scaler is not None:
+            scaled = scaled.float() * self.loss_scaler.loss_scale
         scaled.backward(retain_graph=retain_graph)
         self.sharded.finish_backward()
         return loss
@@ -129,7 +135,9 @@ class ZeroEngine:
                 raise ZeroliteStateError("engine.step(): no optimizer; add an \"optimizer\" "
                                          "section to the config or pass optimizer= to initialize")
             self._apply_update()
-            if self.lr_scheduler is not None:
+            # As DeepSpeed: a skipped (overflow) step still counts as a global step, but the
+            # lr schedule does not advance.
+            if self.lr_scheduler is not None and self._step_applied:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
@@ -140,8 +148,23 @@ class ZeroEngine:
         self.sharded.reduce_deferred_grads()
         masters = [f.master for f in self.sharded.flats if f.master is not None]
         grads = [m.grad for m in masters if m.grad is not None]
+        distributed = self.sharded.partitions > 1
+        if self.loss_scaler is not None:
+            scale = self.loss_scaler.loss_scale
+            overflow = self._any_rank_overflowed(grads)
+            self.loss_scaler.update_scale(overflow)
+            self.optimizer.overflow = overflow
+            if overflow:
+                self.skipped_steps += 1
+                self._global_grad_norm = float("inf")
+                for m in masters:
+                    m.grad = None
+                return
+            inv = 1.0 / scale
+            for g in grads:
+                g.mul_(inv)
         # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
-        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1)
+        norm = global_grad_norm(grads, distributed=distributed)
         self._global_grad_norm = norm
         coef = clip_coefficient(norm, self._config.gradient_clipping)
         if coef is not None:
@@ -152,6 +175,16 @@ class ZeroEngine:
             m.grad = None
         self.sharded.refresh_params_from_masters()
         self._step_applied = True
+
+    def _any_rank_overflowed(self, grads) -> bool:
+        flag = torch.zeros((), dtype=torch.float32)
+        for g in grads:
+            if not torch.isfinite(g).all():
+                flag.fill_(1.0)
+                break
+        if self.world_size > 1:
+            dist.all_reduce(flag)
+        return flag.item() > 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Safe at any time: accumulated shard grads are cleared by step() itself, so this
