@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import zerolite
-from zerolite.checkpoint import (ZeroliteCheckpointError, consolidate_checkpoint,
+from zerolite.checkpoint import (consolidate_checkpoint,
                                  get_fp32_state_dict, load_state_dict_from_checkpoint)
 from zerolite.errors import ZeroliteError
 from zerolite.models import GPT, GPTConfig
