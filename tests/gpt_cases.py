@@ -31,7 +31,10 @@ def ds_config(world_size: int, stage: int = 3, bf16: bool = False, gas: int = GA
         "gradient_accumulation_steps": gas,
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
         "gradient_clipping": CLIP,
-        "zero_optimization": {"stage": stage},
+        # Strict ZeRO-3 residency for tests (release after every use): nothing persistent,
+        # nothing kept for reuse. The knobs themselves are tested in test_prefetch.py.
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
+                              "stage3_max_reuse_distance": 0},
         "bf16": {"enabled": bf16},
     }
     cfg.update(extra)

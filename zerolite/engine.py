@@ -17,7 +17,7 @@ from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
 from zerolite.zero.partition import policy_from_classes
-from zerolite.zero.sharded_model import ShardedModel
+from zerolite.zero.sharded_model import ShardedModel, ShardingOptions
 
 logger = logging.getLogger("zerolite")
 
@@ -54,9 +54,11 @@ class ZeroEngine:
         else:
             policy = unit_policy  # None (default policy) or a callable(name, module) -> bool
         group_of, group_hparams = _param_groups(model, model_parameters)
-        self.sharded = ShardedModel(model, stage=zc.stage, compute_dtype=config.precision_dtype,
+        self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
-                                    world_size=self.world_size, unit_policy=policy,
+                                    world_size=self.world_size,
+                                    options=ShardingOptions.from_config(zc),
+                                    unit_policy=policy,
                                     reducer=build_grad_reducer(config, self.world_size))
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer

@@ -10,8 +10,7 @@ One engine, four stages (DESIGN.md):
 from __future__ import annotations
 
 import logging
-from collections import deque
-
+from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
@@ -20,29 +19,57 @@ from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.flat_param import FlatParam
 from zerolite.zero.hooks import install_hooks
 from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
+from zerolite.zero.grad_reduction import GradReduction
+from zerolite.zero.residency import Residency
+from zerolite.zero.step_stats import StatsRecorder
 from zerolite.zero.unit import Unit, UnitState
 
 logger = logging.getLogger("zerolite")
 
-MAX_INFLIGHT_REDUCES = 2
-"""Reduce-scatters allowed in flight before the oldest is waited for: bounds the number of
-full-size fp32 gradient buffers alive during backward."""
+
+@dataclass
+class ShardingOptions:
+    """The zero_optimization knobs the sharded model honours (DeepSpeed names; elements)."""
+
+    stage: int = 3
+    prefetch_numel: int = 50_000_000
+    """stage3_prefetch_bucket_size: elements prefetched ahead of use; 0 turns prefetch off."""
+    max_live_numel: int = 1_000_000_000
+    """stage3_max_live_parameters: elements gathered at once (in use + prefetched + kept)."""
+    max_reuse_distance: int = 1_000_000_000
+    """stage3_max_reuse_distance: keep a unit after forward if it is needed again within
+    this many elements of other units (the last blocks, whose backward comes first)."""
+    persistence_threshold: int = 100_000
+    """stage3_param_persistence_threshold: units this small (numel) are never released."""
+    reduce_bucket_numel: int = 500_000_000
+    """reduce_bucket_size: elements of full gradient buffers allowed in flight."""
+    trace: bool = False
+    """Record a timeline of compute and communication events (StepStats.events)."""
+
+    @classmethod
+    def from_config(cls, zc, trace: bool = False) -> "ShardingOptions":
+        return cls(stage=zc.stage, prefetch_numel=zc.stage3_prefetch_bucket_size,
+                   max_live_numel=zc.stage3_max_live_parameters,
+                   max_reuse_distance=zc.stage3_max_reuse_distance,
+                   persistence_threshold=zc.stage3_param_persistence_threshold,
+                   reduce_bucket_numel=zc.reduce_bucket_size, trace=trace)
 
 
 class ShardedModel:
-    def __init__(self, module: nn.Module, *, stage: int, compute_dtype: torch.dtype,
+    def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype,
                  group_of: dict[nn.Parameter, int], rank: int, world_size: int,
-                 unit_policy: UnitPolicy | None = None, reducer: GradReducer | None = None,
-                 gatherer: ParamGatherer | None = None):
+                 options: ShardingOptions | None = None, unit_policy: UnitPolicy | None = None,
+                 reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None):
+        options = options or ShardingOptions()
         self.module = module
-        self.stage = stage
-        self.reshard_after_use = stage == 3
-        self.defer_reduce = stage == 1
-        self.partitions = 1 if stage == 0 else world_size
+        self.options = options
+        self.stage = options.stage
+        self.defer_reduce = self.stage == 1
+        self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
+        self.compute_dtype = compute_dtype
         self.reducer = reducer or GradReducer(world_size)
         self.gatherer = gatherer or ParamGatherer()
-        self.compute_dtype = compute_dtype
         unit_modules = find_unit_modules(module, unit_policy)
         owner, names = assign_params(module, unit_modules)
         for p in names:
@@ -58,11 +85,16 @@ class ShardedModel:
             name, mod = ("", module) if index == 0 else unit_modules[index - 1]
             self.units.append(Unit(index, name, mod, self._build_flats(params, names, group_of)))
         self.in_backward = False
-        self._reduces: deque = deque()
+        self.stats = StatsRecorder(trace=options.trace)
+        self.residency = Residency(self.units, self.gatherer, stage=self.stage,
+                                   prefetch_numel=options.prefetch_numel,
+                                   max_live_numel=options.max_live_numel,
+                                   max_reuse_distance=options.max_reuse_distance,
+                                   persistence_threshold=options.persistence_threshold,
+                                   stats=self.stats)
+        self.reduction = GradReduction(self.reducer, max_inflight_numel=options.reduce_bucket_numel,
+                                       stats=self.stats)
         self._hook_handles = install_hooks(self)
-        if not self.reshard_after_use:
-            for unit in self.units:
-                unit.gather(self.gatherer)
         logger.debug("zerolite units: %s", self.units)
 
     @staticmethod
@@ -99,20 +131,32 @@ class ShardedModel:
 
     # -- forward / backward events (called from hooks) ---------------------------------
     def before_unit_forward(self, unit: Unit) -> None:
-        unit.gather(self.gatherer)
+        if self.in_backward:  # a recompute (activation checkpointing) inside backward
+            self.residency.ensure_gathered(unit, None)
+            return
+        sched = self.residency.scheduler
+        phase = sched.forward if torch.is_grad_enabled() else sched.inference
+        self.residency.ensure_gathered(unit, phase)
+        unit.forward_start = self.stats.now()
 
     def after_unit_forward(self, unit: Unit, needs_backward: bool) -> None:
-        if not self.reshard_after_use or self.in_backward:
-            return  # stages 0-2 keep params; a recompute inside backward still needs them
+        if self.in_backward:
+            return  # a recompute inside backward: its backward is about to need the params
+        self.stats.event("compute", f"forward {unit.name}", getattr(unit, "forward_start", 0.0),
+                         self.stats.now())
         if unit.is_root:
             if not needs_backward:
-                unit.release()
+                self.residency.scheduler.end_inference()
+                self.residency.release_all()
             return
-        unit.release()
+        if needs_backward:
+            self.residency.after_forward(unit)
+        else:
+            self.residency.release(unit)
 
     def before_unit_backward(self, unit: Unit) -> None:
         self.in_backward = True
-        unit.gather(self.gatherer)
+        self.residency.ensure_gathered(unit, self.residency.scheduler.backward)
 
     def after_unit_backward(self, unit: Unit) -> None:
         unit.pending_input_grads -= 1
@@ -121,72 +165,41 @@ class ShardedModel:
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None:
         self.in_backward = True
         if flat.take_param_grad(index) and not self.defer_reduce:
-            self._launch_reduce(unit, flat)
+            self.reduction.launch(unit, flat)
             self._maybe_release_after_backward(unit)
 
     def _maybe_release_after_backward(self, unit: Unit) -> None:
-        if (self.reshard_after_use and not unit.is_root and unit.pending_input_grads <= 0
+        if (not unit.is_root and unit.pending_input_grads <= 0
                 and unit.reduced_flats == len(unit.trainable_flats)):
-            unit.release()
-
-    # -- gradient reduction ------------------------------------------------------------
-    def _launch_reduce(self, unit: Unit, flat: FlatParam) -> None:
-        unit.reduced_flats += 1
-        item = unit.start_reduce(flat, self.reducer)
-        if item is None:
-            return
-        self._reduces.append(item)
-        while len(self._reduces) > MAX_INFLIGHT_REDUCES:
-            self._complete_reduce(self._reduces.popleft())
-
-    @staticmethod
-    def _complete_reduce(item) -> None:
-        pending, flat = item
-        shard = pending.wait()
-        if flat.master.grad is None:
-            flat.master.grad = shard
-        else:
-            flat.master.grad.add_(shard)
-
-    def _drain_reduces(self) -> None:
-        for unit in reversed(self.units):
-            for flat in unit.trainable_flats:
-                if flat.grad_buffer is not None:
-                    self._launch_reduce(unit, flat)
-        while self._reduces:
-            self._complete_reduce(self._reduces.popleft())
+            self.residency.release(unit)
 
     def finish_backward(self) -> None:
-        """Reduce what is left (params that got no grad count as zero), wait, release."""
+        """Reduce what is left, wait for every reduction, release, roll the order record."""
         if not self.defer_reduce:
-            self._drain_reduces()
+            self.reduction.drain(self.units)
         for unit in self.units:
             unit.pending_input_grads = 0
             unit.reduced_flats = 0
-            if self.reshard_after_use:
-                unit.release()
+        self.residency.release_all()
         for flat in self.flats:
             flat.grads_ready = 0
+        self.residency.scheduler.end_step()
         self.in_backward = False
 
     def reduce_deferred_grads(self) -> None:
         """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
         if self.defer_reduce:
-            self._drain_reduces()
+            self.reduction.drain(self.units)
 
     # -- after the optimizer step --------------------------------------------------------
     @torch.no_grad()
     def refresh_params_from_masters(self) -> None:
         for flat in self.flats:
             flat.refresh_shard_from_master()
-        if not self.reshard_after_use:
-            for unit in self.units:
-                unit.release()
-                unit.gather(self.gatherer)
+        self.residency.refresh_persistent()
 
     def release_all(self) -> None:
-        for unit in self.units:
-            unit.release()
+        self.residency.release_all()
 
 
 def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> dict[str, torch.Tensor]:

@@ -64,6 +64,10 @@ class Unit:
         if not async_op:
             self.wait_gathered()
 
+    @property
+    def pending_works(self) -> list:
+        return list(self._gather_works)
+
     def wait_gathered(self) -> None:
         if self.state is UnitState.GATHERED:
             return

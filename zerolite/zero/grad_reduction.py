@@ -1,0 +1,61 @@
+"""Gradient reduction queue: full fp32 grad buffers -> averaged fp32 grad shards.
+
+Reductions are launched asynchronously as each flat's grads are complete, so they overlap
+with the backward of earlier units. At most `max_inflight_numel` elements of full gradient
+buffers are alive in flight (DeepSpeed's reduce_bucket_size); past that the oldest is waited
+for. Everything left is waited for once, at the end of backward.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from torch.autograd.profiler import record_function
+
+from zerolite.zero.flat_param import FlatParam
+from zerolite.zero.step_stats import StatsRecorder
+from zerolite.zero.unit import Unit
+
+
+class GradReduction:
+    def __init__(self, reducer, *, max_inflight_numel: int, stats: StatsRecorder):
+        self.reducer = reducer
+        self.max_inflight_numel = max_inflight_numel
+        self.stats = stats
+        self._queue: deque = deque()
+        self._inflight_numel = 0
+
+    def launch(self, unit: Unit, flat: FlatParam) -> None:
+        unit.reduced_flats += 1
+        item = unit.start_reduce(flat, self.reducer)
+        if item is None:
+            return
+        self._queue.append((*item, self.stats.now(), unit.name))
+        self._inflight_numel += flat.padded_numel
+        # Always allow one in flight; beyond the budget, wait for the oldest.
+        while len(self._queue) > 1 and self._inflight_numel > self.max_inflight_numel:
+            self._complete(self._queue.popleft())
+
+    def _complete(self, item) -> None:
+        pending, flat, start, name = item
+        wait_start = self.stats.now()
+        with record_function(f"zerolite::wait_reduce {name}"):
+            shard = pending.wait()
+        end = self.stats.now()
+        current = self.stats.current
+        current.reduce_scatter_s += end - start
+        current.reduce_scatter_wait_s += end - wait_start
+        self.stats.event("comm", f"reduce {name}", start, end)
+        self._inflight_numel -= flat.padded_numel
+        if flat.master.grad is None:
+            flat.master.grad = shard
+        else:
+            flat.master.grad.add_(shard)
+
+    def drain(self, units: list[Unit]) -> None:
+        """Launch what is left (params that got no grad count as zero) and wait for all."""
+        for unit in reversed(units):
+            for flat in unit.trainable_flats:
+                if flat.grad_buffer is not None:
+                    self.launch(unit, flat)
+        while self._queue:
+            self._complete(self._queue.popleft())

@@ -1,0 +1,98 @@
+"""Prefetch scheduling from a recorded execution order.
+
+Each step records the order in which units are needed, separately for forward and backward.
+The next step prefetches from that record: when unit i is needed, the gathers of the units
+that follow it are issued early, within two budgets (DeepSpeed's keys, counted in elements):
+
+  stage3_prefetch_bucket_size  elements being prefetched ahead of use at any time
+  stage3_max_live_parameters   elements gathered in total (in use + prefetched)
+
+When the order of this step departs from the record (data-dependent control flow, an eval
+path, a resumed run) prefetching stops for the rest of that phase, units are gathered on
+demand, and the new order is recorded for the next step. Nothing raises and nothing hangs:
+every rank still issues the same collectives in the same order, as long as ranks take the
+same branches (the same assumption every ZeRO-3 implementation makes).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("zerolite")
+
+
+@dataclass
+class _Phase:
+    record: list[int] = field(default_factory=list)
+    """Order seen in the previous step (what we prefetch from)."""
+    current: list[int] = field(default_factory=list)
+    """Order being seen in this step."""
+    diverged: bool = False
+
+    def position(self) -> int:
+        return len(self.current)
+
+
+class PrefetchScheduler:
+    def __init__(self, unit_numels: list[int], *, enabled: bool, prefetch_numel: int,
+                 max_live_numel: int):
+        self.unit_numels = unit_numels
+        self.enabled = enabled
+        self.prefetch_numel = prefetch_numel
+        self.max_live_numel = max_live_numel
+        self.forward = _Phase()
+        self.backward = _Phase()
+        self.inference = _Phase()
+        """Forwards without autograd (eval / no_grad) have an order of their own."""
+        self.order_changes = 0
+        """How many times a step's order differed from the record (for tests and logs)."""
+
+    def on_use(self, phase: _Phase, unit_index: int, is_live, live_numel: int,
+               in_flight_numel: int) -> list[int]:
+        """Note that `unit_index` is needed now; return units to prefetch (in order).
+
+        `is_live(i)` says whether unit i is already gathered or gathering; `live_numel` and
+        `in_flight_numel` are the engine's current accounting.
+        """
+        pos = phase.position()
+        phase.current.append(unit_index)
+        if not phase.diverged and (pos >= len(phase.record) or phase.record[pos] != unit_index):
+            if phase.record:
+                phase.diverged = True
+                logger.debug("zerolite: unit order changed at position %d (unit %d, expected "
+                             "%s); gathering on demand until the next step", pos, unit_index,
+                             phase.record[pos] if pos < len(phase.record) else "end")
+        if not self.enabled or phase.diverged or not phase.record:
+            return []
+        picks, budget_ahead = [], self.prefetch_numel - in_flight_numel
+        live = live_numel
+        for nxt in phase.record[pos + 1:]:
+            if nxt == unit_index or nxt in picks:
+                continue
+            if is_live(nxt):
+                continue
+            size = self.unit_numels[nxt]
+            if size > budget_ahead or live + size > self.max_live_numel:
+                break
+            picks.append(nxt)
+            budget_ahead -= size
+            live += size
+        return picks
+
+    def end_step(self) -> None:
+        """Roll the recorded orders over (called once backward is complete)."""
+        for phase in (self.forward, self.backward):
+            if phase.current and phase.current != phase.record:
+                if phase.record:
+                    self.order_changes += 1
+                phase.record = phase.current
+            phase.current = []
+            phase.diverged = False
+
+    def end_inference(self) -> None:
+        """A forward without autograd ended: roll its own record, not the training one."""
+        phase = self.inference
+        if phase.current:
+            phase.record = phase.current
+        phase.current = []
+        phase.diverged = False
