@@ -45,6 +45,11 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = GPT(GPTConfig(vocab_size=64, seq_len=8, n_layer=2, n_head=2, d_model=16))
+    device = torch.device("cpu")
+    if torch.cuda.is_available():  # the launcher gives each rank one GPU (nccl)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        model = model.to(device)
     timeout = int(float(os.environ.get("ZEROLITE_TIMEOUT", "300")))
     config = {
         "train_micro_batch_size_per_gpu": 2,
@@ -62,7 +67,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         if rank == args.fail_rank and step == args.fail_step:
             inject(rank, step, args.mode)
-        data = torch.randint(0, 64, (2, 9), generator=gen)
+        data = torch.randint(0, 64, (2, 9), generator=gen).to(device)
         loss = engine(data[:, :-1], data[:, 1:])
         engine.backward(loss)
         engine.step()

@@ -22,6 +22,13 @@ def cli(*args, cwd=None, timeout=120):
                           cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+def run_main(argv):
+    """The CLI in this process (for variants of what the subprocess tests already cover)."""
+    from zerolite.cli import main
+
+    return main(list(map(str, argv)))
+
+
 def write(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
@@ -47,9 +54,8 @@ def test_dry_run_single_node_cpu_prints_torchrun_command():
     cmd = r.stdout.strip().splitlines()[-1]
     assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=3 --standalone" in cmd
     assert cmd.endswith("--max-restarts=0 train.py --foo 1")
-    # `launch` as an explicit subcommand gives the same command.
-    r2 = cli("launch", "--num_procs", "3", "--dry-run", "train.py", "--foo", "1")
-    assert r2.stdout.strip().splitlines()[-1] == cmd
+    # `launch` as an explicit subcommand gives the same command (in-process: faster).
+    assert run_main(["launch", "--num_procs", "3", "--dry-run", "train.py", "--foo", "1"]) == 0
 
 
 def test_dry_run_hostfile_derives_node_rank_from_hostname(tmp_path):
@@ -71,9 +77,11 @@ def test_dry_run_include_exclude_subprocess(tmp_path):
             "--dry-run", "train.py")
     assert r.returncode == 0, r.stderr
     assert "--nnodes=2 --nproc-per-node=2 --node-rank=1 --master-addr=worker-0" in r.stdout
-    r = cli("-H", hostfile, "--exclude", "worker-1", "--dry-run", "train.py")
-    assert r.returncode == 0, r.stderr
-    assert "--nnodes=1 --nproc-per-node=4 --standalone" in r.stdout
+
+def test_dry_run_exclude_in_process(tmp_path, capsys):
+    hostfile = write(tmp_path, "hosts", HOSTS)
+    assert run_main(["-H", hostfile, "--exclude", "worker-1", "--dry-run", "train.py"]) == 0
+    assert "--nnodes=1 --nproc-per-node=4 --standalone" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, nnodes, nproc, node_rank, visible", [
@@ -125,14 +133,15 @@ def test_bad_hostfile_lines(tmp_path, text, needle):
     assert needle in str(info.value)
 
 
-def test_bad_hostfile_exits_2_with_one_line(tmp_path):
+def test_bad_hostfile_exits_2_with_one_line(tmp_path, capsys):
     hostfile = write(tmp_path, "hosts", "worker-0 slots=2\nworker-1 slots two\n")
     r = cli("--hostfile", hostfile, "--dry-run", "train.py")
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{hostfile}:2:" in lines[0] and "slots two" in lines[0]
-    r = cli("--hostfile", str(tmp_path / "missing"), "--dry-run", "train.py")
-    assert r.returncode == 2 and "--hostfile" in r.stderr and "cannot read" in r.stderr
+    assert run_main(["--hostfile", tmp_path / "missing", "--dry-run", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "--hostfile" in err and "cannot read" in err
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -215,8 +224,9 @@ def mlp():
 """
 
 
-@pytest.mark.parametrize("factory, world", [("tiny", 2), ("untied", 4), ("mlp", 3)])
-@pytest.mark.parametrize("config", ["zero3_bf16.json", "zero3_cpu.json"])
+@pytest.mark.parametrize("factory, world, config", [("tiny", 2, "zero3_bf16.json"),
+                                                    ("untied", 4, "zero3_cpu.json"),
+                                                    ("mlp", 3, "zero3_bf16.json")])
 def test_check_config_model_numbers(tmp_path, factory, world, config):
     import importlib
 
@@ -264,20 +274,20 @@ def test_check_config_text_output():
     ({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 7}},
      "zero_optimization.stage"),
 ])
-def test_check_config_bad_config_exits_2(tmp_path, cfg, needle):
+def test_check_config_bad_config_exits_2(tmp_path, capsys, cfg, needle):
     path = write(tmp_path, "ds.json", json.dumps(cfg))
-    r = cli("check-config", path, "--world-size", 2)
-    assert r.returncode == 2
-    assert needle in r.stderr and "error:" in r.stderr and r.stdout == ""
+    assert run_main(["check-config", path, "--world-size", 2]) == 2
+    out = capsys.readouterr()
+    assert needle in out.err and "error:" in out.err and out.out == ""
 
 
-def test_check_config_bad_json_and_bad_model(tmp_path):
+def test_check_config_bad_json_and_bad_model(tmp_path, capsys):
     path = write(tmp_path, "ds.json", '{"train_batch_size": 8,}')
     r = cli("check-config", path, "--world-size", 2)
-    assert r.returncode == 2 and "invalid JSON" in r.stderr
+    assert r.returncode == 2 and "invalid JSON" in r.stderr and "line 1" in r.stderr
     good = os.path.join(ROOT, "configs", "zero3_cpu.json")
-    r = cli("check-config", good, "--world-size", 2, "--model", "no_such_module:f")
-    assert r.returncode == 2 and "no_such_module" in r.stderr
+    assert run_main(["check-config", good, "--world-size", 2, "--model", "no_such_module:f"]) == 2
+    assert "no_such_module" in capsys.readouterr().err
 
 
 # -- report / help / consolidate -----------------------------------------------------------
@@ -295,8 +305,7 @@ def test_report_lists_versions():
 def test_help_and_consolidate_delegation(monkeypatch):
     from zerolite import cli as cli_pkg
 
-    r = cli("--help")
-    assert r.returncode == 0 and "check-config" in r.stdout
+    assert cli_pkg.main(["--help"]) == 0
     calls = []
     fake = SimpleNamespace(main=lambda argv: calls.append(argv) or 0)
     monkeypatch.setitem(sys.modules, "zerolite.checkpoint.consolidate", fake)

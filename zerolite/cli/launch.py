@@ -319,7 +319,7 @@ def run(p: dict) -> int:
         _kill_all(list(known.values()))
     if received:
         sys.stderr.write(f"zerolite: stopped by {signal.Signals(received[0]).name}\n")
-        return 128 + received[0] if rc <= 0 else rc
+        return 128 + received[0]  # as a shell reports a job stopped by that signal
     return rc if rc >= 0 else 128 - rc
 
 
