@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from zerolite.comm.build import build_grad_reducer
+from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.errors import ZeroliteStateError
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
@@ -59,7 +59,8 @@ class ZeroEngine:
                                     world_size=self.world_size,
                                     options=ShardingOptions.from_config(zc),
                                     unit_policy=policy,
-                                    reducer=build_grad_reducer(config, self.world_size))
+                                    reducer=build_grad_reducer(config, self.world_size),
+                                    gatherer=build_param_gatherer(config))
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,

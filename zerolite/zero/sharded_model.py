@@ -27,6 +27,17 @@ from zerolite.zero.unit import Unit, UnitState
 logger = logging.getLogger("zerolite")
 
 
+@dataclass(frozen=True)
+class ParamHandle:
+    """Where a managed parameter lives; set on each parameter as `param.zl_handle`."""
+
+    sharded: "ShardedModel"
+    unit: Unit
+    flat: FlatParam
+    index: int
+    """Position of the parameter in `flat.params` / `flat.slots`."""
+
+
 @dataclass
 class ShardingOptions:
     """The zero_optimization knobs the sharded model honours (DeepSpeed names; elements)."""
@@ -95,7 +106,19 @@ class ShardedModel:
         self.reduction = GradReduction(self.reducer, max_inflight_numel=options.reduce_bucket_numel,
                                        stats=self.stats)
         self._hook_handles = install_hooks(self)
+        self._tag_params()
         logger.debug("zerolite units: %s", self.units)
+
+    def _tag_params(self) -> None:
+        """DeepSpeed-style attributes (ds_id, ds_shape, ds_numel) plus our own handle, so
+        code that checks for ZeRO-3 params (and GatheredParameters) can find them."""
+        ds_id = 0
+        for unit in self.units:
+            for flat in unit.flats:
+                for i, (p, slot) in enumerate(zip(flat.params, flat.slots)):
+                    p.zl_handle = ParamHandle(self, unit, flat, i)
+                    p.ds_id, p.ds_shape, p.ds_numel = ds_id, torch.Size(slot.shape), slot.numel
+                    ds_id += 1
 
     @staticmethod
     def _cast_buffers(module: nn.Module, dtype: torch.dtype) -> None:
