@@ -11,7 +11,6 @@ import logging
 import sys
 import time
 
-import psutil
 import torch
 import torch.distributed as dist
 
@@ -27,7 +26,8 @@ def parse_args():
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--log-every", type=int, default=20)
+    parser.add_argument("--log-every", type=int, default=20,
+                        help="progress-bar period (match steps_per_print in the config)")
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 
@@ -55,7 +55,7 @@ def main():
         print(f"zerolite demo: {cfg.num_params() / 1e6:.2f}M-param byte-level GPT, "
               f"{len(text) / 1e6:.1f} MB of stdlib source, world size {world}, ZeRO stage "
               f"{engine.zero_optimization_stage()}, batch {engine.train_batch_size()}", flush=True)
-    step, first_loss, t0, window_t0 = 0, None, time.perf_counter(), time.perf_counter()
+    step, first_loss, t0 = 0, None, time.perf_counter()
     losses = []
     while step < args.steps:
         for x, y in loader:
@@ -71,15 +71,9 @@ def main():
                 dist.all_reduce(mean)
                 mean = mean.item() / world
                 first_loss = first_loss if first_loss is not None else mean
-                rss = [None] * world
-                dist.all_gather_object(rss, psutil.Process().memory_info().rss / 2**20)
-                elapsed = time.perf_counter() - window_t0
-                samples_s = len(losses) * engine.train_micro_batch_size_per_gpu() * world / elapsed
-                if rank == 0:
-                    mem = " ".join(f"r{r}={m:.0f}MiB" for r, m in enumerate(rss))
-                    print(f"{progress(step, args.steps)} loss {mean:.3f} lr {engine.get_lr()[0]:.2e} "
-                          f"{samples_s:.0f} samples/s rss {mem}", flush=True)
-                losses, window_t0 = [], time.perf_counter()
+                if rank == 0:  # lr, samples/s and memory per rank: the engine's own log line
+                    print(f"{progress(step, args.steps)} loss {mean:.3f}", flush=True)
+                losses = []
             if step >= args.steps:
                 break
     if rank == 0:

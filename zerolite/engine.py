@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import psutil
 import torch
@@ -13,6 +14,7 @@ import torch.nn as nn
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.errors import ZeroliteStateError
+from zerolite.monitor import TrainingMonitor
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
@@ -37,6 +39,17 @@ def _param_groups(model: nn.Module, model_parameters) -> tuple[dict, list[dict]]
             group_of.setdefault(p, gi)
         hparams.append({k: v for k, v in group.items() if k != "params"})
     return group_of, hparams
+
+
+@dataclass
+class _StepWindow:
+    """What one optimizer step's micro-steps accumulated, for telemetry."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    step_s: float = 0.0
+    tokens: int = 0
+    losses: list = field(default_factory=list)
 
 
 class ZeroEngine:
@@ -78,6 +91,10 @@ class ZeroEngine:
         self._step_applied = False
         self._boundary_override: bool | None = None
         self._last_step_time = time.perf_counter()
+        self.monitor = TrainingMonitor(config, self.rank, self.world_size)
+        self._window = _StepWindow()
+        self.last_step_stats = None
+        """Communication/compute accounting of the last optimizer step (zero/step_stats.py)."""
 
     # -- construction helpers ---------------------------------------------------------
     def _build_scheduler(self, client_scheduler):
@@ -108,7 +125,13 @@ class ZeroEngine:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        start = time.perf_counter()
+        out = self.module(*args, **kwargs)
+        self._window.forward_s += time.perf_counter() - start
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
+            self._window.tokens += first.numel() * self.world_size
+        return out
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -119,9 +142,16 @@ class ZeroEngine:
             scaled = loss / self.gradient_accumulation_steps()
         if self.loss_scaler is not None:
             scaled = scaled.float() * self.loss_scaler.loss_scale
+        start = time.perf_counter()
         scaled.backward(retain_graph=retain_graph)
         self.sharded.finish_backward()
+        self._window.backward_s += time.perf_counter() - start
+        if self._logs_this_step():
+            self._window.losses.append(loss.detach().float().item())
         return loss
+
+    def _logs_this_step(self) -> bool:
+        return (self.global_steps + 1) % self.monitor.steps_per_print == 0
 
     def is_gradient_accumulation_boundary(self) -> bool:
         if self._boundary_override is not None:
@@ -132,6 +162,7 @@ class ZeroEngine:
         self._boundary_override = is_boundary
 
     def step(self, lr_kwargs=None) -> None:
+        start = time.perf_counter()
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             if self.optimizer is None:
@@ -144,7 +175,34 @@ class ZeroEngine:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
+            self._window.step_s += time.perf_counter() - start
+            self._after_optimizer_step()
+        else:
+            self._window.step_s += time.perf_counter() - start
         self.micro_steps += 1
+
+    def _after_optimizer_step(self) -> None:
+        """Per-step telemetry: TrainingMonitor (every rank), comm breakdown when asked."""
+        now = time.perf_counter()
+        w, self._window = self._window, _StepWindow()
+        self.last_step_stats = self.sharded.stats.end_step()
+        breakdown = self._config.wall_clock_breakdown
+        metrics = {"loss": sum(w.losses) / len(w.losses) if w.losses else None,
+                   "lr": self.get_lr()[0] if self.get_lr() else None,
+                   "grad_norm": self._global_grad_norm, "samples": self.train_batch_size(),
+                   "tokens": w.tokens or None,
+                   "step_time_s": now - self._last_step_time}
+        if breakdown:
+            metrics.update(forward_s=w.forward_s, backward_s=w.backward_s, step_s=w.step_s)
+        self._last_step_time = now
+        self.monitor.on_step(self.global_steps, metrics)
+        if breakdown and self.rank == 0 and self.global_steps % self.monitor.steps_per_print == 0:
+            st = self.last_step_stats
+            logger.info("zerolite: step %d comm | all_gather %.3fs (exposed %.3fs) | "
+                        "reduce_scatter %.3fs (exposed %.3fs) | %d gathers, %d prefetched | "
+                        "peak gathered %.1f MiB", self.global_steps, st.all_gather_s,
+                        st.all_gather_wait_s, st.reduce_scatter_s, st.reduce_scatter_wait_s,
+                        st.gathers, st.prefetched, st.peak_live_bytes / 2**20)
 
     @torch.no_grad()
     def _apply_update(self) -> None:
