@@ -13,6 +13,7 @@ import torch.distributed as dist
 from zerolite.models import GPT, GPTConfig
 
 GPT_20M = GPTConfig(vocab_size=256, seq_len=128, n_layer=11, n_head=6, d_model=384)
+GPT_80M = GPTConfig(vocab_size=256, seq_len=128, n_layer=12, n_head=12, d_model=768)
 
 
 def _batch(cfg: GPTConfig, micro: int, step: int, rank: int):
@@ -26,7 +27,7 @@ def _peak_rss_mib() -> float:
 
 
 def run_steps(rank, world, engine_kind: str, cfg: GPTConfig, micro: int, steps: int,
-              warmup: int, stage: int = 3, dtype: str = "fp32") -> dict:
+              warmup: int, stage: int = 3, dtype: str = "fp32", zero: dict | None = None) -> dict:
     torch.manual_seed(0)
     model = GPT(cfg)
     if engine_kind == "zerolite":
@@ -34,7 +35,8 @@ def run_steps(rank, world, engine_kind: str, cfg: GPTConfig, micro: int, steps: 
 
         config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-                  "gradient_clipping": 1.0, "zero_optimization": {"stage": stage},
+                  "gradient_clipping": 1.0,
+                  "zero_optimization": {"stage": stage, **(zero or {})},
                   "bf16": {"enabled": dtype == "bf16"}}
         engine, *_ = zerolite.initialize(model=model, config=config)
 
@@ -58,7 +60,7 @@ def run_steps(rank, world, engine_kind: str, cfg: GPTConfig, micro: int, steps: 
             return loss
     else:
         raise ValueError(engine_kind)
-    times = []
+    times, comm = [], []
     for i in range(warmup + steps):
         x, y = _batch(cfg, micro, i, rank)
         dist.barrier()
@@ -67,6 +69,8 @@ def run_steps(rank, world, engine_kind: str, cfg: GPTConfig, micro: int, steps: 
         dist.barrier()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return {"median_step_s": statistics.median(times), "step_times_s": times,
+            if engine_kind == "zerolite":
+                comm.append(engine.last_step_stats.as_dict())
+    return {"median_step_s": statistics.median(times), "step_times_s": times, "comm": comm,
             "peak_rss_mib": _peak_rss_mib(),
             "rss_after_steps_mib": psutil.Process().memory_info().rss / 2**20, "params": sum(p.numel() for p in GPT(cfg).parameters())}

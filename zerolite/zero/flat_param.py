@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from zerolite.comm import broadcast
+from zerolite.zero.init import copy_full_value
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class FlatParam:
         # make it identical on every rank, and keep only this rank's slice.
         flat32 = torch.zeros(self.padded_numel, dtype=torch.float32, device=device)
         for slot, p in zip(slots, self.params):
-            flat32[slot.offset:slot.offset + slot.numel].copy_(p.detach().reshape(-1))
+            copy_full_value(p, flat32[slot.offset:slot.offset + slot.numel])
         broadcast(flat32, src=0)
         lo = self.rank * self.shard_numel
         shard32 = flat32[lo:lo + self.shard_numel].clone()

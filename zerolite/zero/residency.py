@@ -85,6 +85,15 @@ class Residency:
             self.stats.event("wait", f"wait {unit.name}", start, end)
         self._note_live()
 
+    def prefetch_phase_start(self, phase) -> None:
+        """Issue the gathers the next phase starts with (backward, right after forward)."""
+        picks = self.scheduler.first_units(
+            phase, lambda i: self.units[i].state is not UnitState.SHARDED, self.live_numel(),
+            self._in_flight_numel())
+        for i in picks:
+            self._issue(self.units[i])
+            self.stats.current.prefetched += 1
+
     # -- releasing ---------------------------------------------------------------------
     def release(self, unit: Unit) -> None:
         if unit.index not in self.persistent:

@@ -47,6 +47,14 @@ class PrefetchScheduler:
         self.order_changes = 0
         """How many times a step's order differed from the record (for tests and logs)."""
 
+    def first_units(self, phase: _Phase, is_live, live_numel: int,
+                    in_flight_numel: int) -> list[int]:
+        """Units to prefetch before `phase` starts (e.g. backward's first units while the
+        loss is computed), from the same budgets."""
+        if not self.enabled or not phase.record or phase.current:
+            return []
+        return self._picks(phase.record, -1, is_live, live_numel, in_flight_numel)
+
     def on_use(self, phase: _Phase, unit_index: int, is_live, live_numel: int,
                in_flight_numel: int) -> list[int]:
         """Note that `unit_index` is needed now; return units to prefetch (in order).
@@ -64,10 +72,14 @@ class PrefetchScheduler:
                              phase.record[pos] if pos < len(phase.record) else "end")
         if not self.enabled or phase.diverged or not phase.record:
             return []
+        return self._picks(phase.record, pos, is_live, live_numel, in_flight_numel, unit_index)
+
+    def _picks(self, record: list[int], pos: int, is_live, live_numel: int,
+               in_flight_numel: int, current: int = -1) -> list[int]:
         picks, budget_ahead = [], self.prefetch_numel - in_flight_numel
         live = live_numel
-        for nxt in phase.record[pos + 1:]:
-            if nxt == unit_index or nxt in picks:
+        for nxt in record[pos + 1:]:
+            if nxt == current or nxt in picks:
                 continue
             if is_live(nxt):
                 continue

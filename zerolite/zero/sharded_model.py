@@ -165,10 +165,11 @@ class ShardedModel:
     def after_unit_forward(self, unit: Unit, needs_backward: bool) -> None:
         if self.in_backward:
             return  # a recompute inside backward: its backward is about to need the params
-        self.stats.event("compute", f"forward {unit.name}", getattr(unit, "forward_start", 0.0),
-                         self.stats.now())
+        self.stats.event("compute", f"forward {unit.name}", unit.forward_start, self.stats.now())
         if unit.is_root:
-            if not needs_backward:
+            if needs_backward:  # the loss is next: start gathering what backward needs first
+                self.residency.prefetch_phase_start(self.residency.scheduler.backward)
+            else:
                 self.residency.scheduler.end_inference()
                 self.residency.release_all()
             return
@@ -180,8 +181,11 @@ class ShardedModel:
     def before_unit_backward(self, unit: Unit) -> None:
         self.in_backward = True
         self.residency.ensure_gathered(unit, self.residency.scheduler.backward)
+        unit.backward_start = self.stats.now()
 
     def after_unit_backward(self, unit: Unit) -> None:
+        self.stats.event("compute", f"backward {unit.name}", unit.backward_start,
+                         self.stats.now())
         unit.pending_input_grads -= 1
         self._maybe_release_after_backward(unit)
 

@@ -32,6 +32,9 @@ class Unit:
         """Forward calls whose backward has not reached the unit's inputs yet."""
         self.reduced_flats = 0
         """Trainable flats whose reduce-scatter was launched in the current backward."""
+        self.forward_start = 0.0
+        self.backward_start = 0.0
+        """When this unit's last forward / backward began (StatsRecorder clock), for traces."""
 
     @property
     def is_root(self) -> bool:
