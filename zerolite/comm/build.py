@@ -3,16 +3,30 @@ from __future__ import annotations
 
 import torch
 
+from zerolite.comm.quantized import QuantizedGradReducer, QuantizedParamGatherer
 from zerolite.comm.reducers import GradReducer, ParamGatherer
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def build_grad_reducer(config, world_size: int) -> GradReducer:
+    """Exact reducer (optionally 16-bit on the wire), or ZeRO++ qgZ when
+    `zero_optimization.zero_quantized_gradients` is on (bits, block size and error feedback
+    from the top-level `zerolite` block). Note: quantized gradients take precedence over
+    `communication_data_type` and `prescale_gradients`; they send codes, not 16-bit values."""
+    if config.zero_optimization.zero_quantized_gradients:
+        extras = config.zerolite
+        return QuantizedGradReducer(world_size, bits=extras.quantized_gradients_bits,
+                                    block_size=extras.quantized_block_size,
+                                    error_feedback=extras.quantized_error_feedback)
     comm_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else None
     predivide = config.gradient_predivide_factor if config.prescale_gradients else 1.0
     return GradReducer(world_size, comm_dtype=comm_dtype, predivide=predivide)
 
 
 def build_param_gatherer(config) -> ParamGatherer:
+    """Exact all-gather, or ZeRO++ qwZ (int8 blocks) when
+    `zero_optimization.zero_quantized_weights` is on."""
+    if config.zero_optimization.zero_quantized_weights:
+        return QuantizedParamGatherer(bits=8, block_size=config.zerolite.quantized_block_size)
     return ParamGatherer()
