@@ -455,10 +455,11 @@ def test_key_support_table():
     assert set(KEY_SUPPORT.values()) <= {"honoured", "accepted-ignored", "rejected"}
     for key in ("train_batch_size", "optimizer", "scheduler", "fp16", "bf16", "gradient_clipping",
                 "zero_optimization.stage", "zero_optimization.stage3_prefetch_bucket_size",
-                "zero_optimization.overlap_comm", "zero_optimization.reduce_bucket_size",
+                "zero_optimization.stage3_max_reuse_distance", "csv_monitor",
+                "zero_optimization.reduce_bucket_size",
                 "zero_optimization.zero_quantized_gradients", "communication_data_type"):
         assert KEY_SUPPORT[key] == "honoured", key
-    for key in ("zero_optimization.offload_optimizer", "zero_optimization.sub_group_size",
+    for key in ("zero_optimization.overlap_comm", "zero_optimization.offload_optimizer", "zero_optimization.sub_group_size",
                 "zero_optimization.round_robin_gradients", "zero_optimization.elastic_checkpoint"):
         assert KEY_SUPPORT[key] == "accepted-ignored", key
 

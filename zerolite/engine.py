@@ -66,6 +66,9 @@ class ZeroEngine:
             policy = policy_from_classes(unit_policy)
         else:
             policy = unit_policy  # None (default policy) or a callable(name, module) -> bool
+        if isinstance(optimizer, torch.optim.Optimizer):
+            # The client optimizer's own groups (and per-group hyper-parameters) win.
+            model_parameters = optimizer.param_groups
         group_of, group_hparams = _param_groups(model, model_parameters)
         self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
@@ -101,6 +104,14 @@ class ZeroEngine:
         if client_scheduler is not None:
             if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
                 return client_scheduler(self.optimizer)
+            # A scheduler object built on the client's optimizer: point it at ours (the same
+            # param groups, one flat shard per unit instead of the model's params).
+            if getattr(client_scheduler, "optimizer", None) is not None:
+                client_scheduler.optimizer = self.optimizer
+                if hasattr(client_scheduler, "get_last_lr"):
+                    for group, lr in zip(self.optimizer.param_groups,
+                                         client_scheduler.get_last_lr()):
+                        group["lr"] = lr
             return client_scheduler
         sched = self._config.scheduler
         if sched is None or self.optimizer is None:

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from zerolite.comm.process_group import init_distributed
-from zerolite.config import load_config
+from zerolite.config import accepted_ignored_keys, load_config
 from zerolite.engine import ZeroEngine
 from zerolite.errors import ZeroliteConfigError
 
@@ -46,6 +46,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
         raise ZeroliteConfigError("initialize(): pass the config once, as config= or "
                                   "config_params=, not both")
     config = config if config is not None else config_params
+    _quiet_other_ranks()
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
     cfg = load_config(config, world, hidden_size=_guess_hidden_size(model), args=args)
     init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required,
@@ -53,7 +54,19 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     if dist.get_world_size() != cfg.world_size:
         cfg = load_config(config, dist.get_world_size(), hidden_size=_guess_hidden_size(model),
                           args=args)
+    ignored = accepted_ignored_keys(cfg)
+    if ignored:
+        logger.warning("zerolite: these config keys are accepted but have no effect here: %s",
+                       ", ".join(ignored))
     engine = ZeroEngine(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
                         lr_scheduler=lr_scheduler, training_data=training_data,
                         collate_fn=collate_fn, unit_policy=unit_policy)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _quiet_other_ranks() -> None:
+    """Rank 0 logs INFO; other ranks only warnings and errors (ZEROLITE_LOG_ALL_RANKS=1 to
+    see every rank)."""
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    if rank != 0 and not os.environ.get("ZEROLITE_LOG_ALL_RANKS"):
+        logger.setLevel(logging.WARNING)

@@ -36,12 +36,16 @@ _HONOURED_TOP = (
     "scheduler.params", "fp16", "bf16", "bfloat16", "bf16.enabled", "gradient_clipping",
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "communication_data_type",
     "prescale_gradients", "gradient_predivide_factor", "zero_optimization", "zerolite",
+    "csv_monitor", "tensorboard",
 )
 _HONOURED_ZERO = (
     "stage", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
-    "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
-    "zero_quantized_gradients", "zero_quantized_weights", "overlap_comm", "reduce_bucket_size",
+    "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
+    "stage3_gather_16bit_weights_on_model_save", "zero_quantized_gradients",
+    "zero_quantized_weights", "reduce_bucket_size",
 )
+"""Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
+by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size."""
 
 
 def _build() -> dict[str, str]:

@@ -54,7 +54,7 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     if client_optimizer is not None:
         if isinstance(client_optimizer, torch.optim.Optimizer):
             cls = type(client_optimizer)
-            return cls(master_groups, **client_optimizer.defaults)
+            return cls(master_groups, **_accepted_kwargs(cls, client_optimizer.defaults))
         if callable(client_optimizer):
             opt = client_optimizer(master_groups)
             if not isinstance(opt, torch.optim.Optimizer):
