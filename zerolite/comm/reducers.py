@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+import torch.distributed as dist
 
 from zerolite.comm.collectives import all_gather_flat, all_reduce_sum, reduce_scatter_flat
 
@@ -35,10 +36,18 @@ class GradReducer:
     """
 
     def __init__(self, world_size: int, comm_dtype: torch.dtype | None = None,
-                 predivide: float = 1.0):
+                 predivide: float = 1.0, scatter_by_all_reduce: bool | None = None):
         self.world_size = world_size
         self.comm_dtype = comm_dtype or torch.float32
         self.predivide = predivide
+        if scatter_by_all_reduce is None:
+            scatter_by_all_reduce = dist.is_initialized() and dist.get_backend() == "gloo"
+        self.scatter_by_all_reduce = scatter_by_all_reduce
+        """[Note: gloo] gloo's reduce_scatter splits and copies its input synchronously in
+        the calling thread (measured: 25 ms of a 55 ms reduce-scatter of 16 MB at world 2
+        block the caller) and is slower end to end than an all-reduce of the same buffer
+        (32 ms). On gloo we all-reduce in place and keep our slice: twice the bytes on the
+        wire, but asynchronous and faster. NCCL keeps the real reduce-scatter."""
         self.bytes_sent: Counter = Counter()
         """Bytes this rank put on the wire, by collective kind (reset by the caller)."""
 
@@ -54,6 +63,13 @@ class GradReducer:
         if flat.partitions == 1:
             self.bytes_sent["all_reduce"] += send.numel() * send.element_size()
             return PendingReduce(all_reduce_sum(send, async_op=True), send, finish)
+        if self.scatter_by_all_reduce:
+            def finish_slice(result):
+                shard = flat.local_shard_of(result).to(torch.float32, copy=True)
+                return shard.mul_(post) if post != 1.0 else shard
+
+            self.bytes_sent["all_reduce"] += send.numel() * send.element_size()
+            return PendingReduce(all_reduce_sum(send, async_op=True), send, finish_slice)
         out = torch.empty(flat.shard_numel, dtype=send.dtype, device=send.device)
         self.bytes_sent["reduce_scatter"] += send.numel() * send.element_size()
         return PendingReduce(reduce_scatter_flat(out, send, async_op=True), out, finish)

@@ -118,14 +118,37 @@ class FlatParam:
     def take_param_grad(self, index: int) -> bool:
         """Move param `index`'s grad into the flat buffer. Returns True when all are in."""
         p, slot = self.params[index], self.slots[index]
-        if self.grad_buffer is None:
-            self.grad_buffer = torch.zeros(self.padded_numel, dtype=torch.float32,
+        fresh = self.grad_buffer is None
+        if fresh:
+            # Every slot is written exactly once per backward (each param's grad hook fires
+            # once), so only the padding needs zeros; untouched slots are zeroed when the
+            # flat's grads are complete (`zero_missing_slots`).
+            self.grad_buffer = torch.empty(self.padded_numel, dtype=torch.float32,
                                            device=self.full.device)
-        if p.grad is not None:
-            self.grad_buffer[slot.offset:slot.offset + slot.numel].add_(p.grad.reshape(-1))
-            p.grad = None
+            self.grad_buffer[self.numel:].zero_()
+            self._slot_written = [False] * len(self.slots)
+        view = self.grad_buffer[slot.offset:slot.offset + slot.numel]
+        if p.grad is None:
+            if not self._slot_written[index]:
+                view.zero_()
+        elif self._slot_written[index]:
+            view.add_(p.grad.reshape(-1))  # accumulated over micro-steps (stage 1)
+        else:
+            view.copy_(p.grad.reshape(-1))
+        p.grad = None
+        self._slot_written[index] = True
         self.grads_ready += 1
         return self.grads_ready == len(self.params)
+
+    def take_grad_buffer(self) -> torch.Tensor:
+        """Hand the full gradient buffer over (slots that got no grad read as zeros)."""
+        buf = self.grad_buffer
+        for slot, written in zip(self.slots, self._slot_written):
+            if not written:
+                buf[slot.offset:slot.offset + slot.numel].zero_()
+        self.grad_buffer = None
+        self.grads_ready = 0
+        return buf
 
     def local_shard_of(self, flat: torch.Tensor) -> torch.Tensor:
         lo = self.rank * self.shard_numel

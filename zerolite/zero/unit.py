@@ -95,9 +95,7 @@ class Unit:
     # -- gradients ---------------------------------------------------------------------
     def start_reduce(self, flat: FlatParam, reducer):
         """Launch the reduction of `flat`'s full gradient; returns (pending, flat) or None."""
-        buf = flat.grad_buffer
-        flat.grad_buffer = None
-        flat.grads_ready = 0
+        buf = flat.take_grad_buffer()
         if flat.master is None:
             return None  # grads of params that are not optimized are dropped
         return reducer.start(flat, buf), flat
