@@ -4,6 +4,7 @@
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, config="ds.json",
                                                            model_parameters=model.parameters())
 """
+from zerolite import checkpointing, zero
 from zerolite.comm.process_group import init_distributed
 from zerolite.config import add_config_arguments
 from zerolite.engine import ZeroEngine
@@ -12,5 +13,5 @@ from zerolite.initialize import initialize
 
 __version__ = "0.1.0"
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "ZeroEngine",
+__all__ = ["initialize", "zero", "checkpointing", "init_distributed", "add_config_arguments", "ZeroEngine",
            "ZeroliteError", "ZeroliteConfigError", "ZeroliteStateError", "__version__"]

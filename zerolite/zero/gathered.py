@@ -152,7 +152,8 @@ def register_external_parameter(module, parameter) -> None:
     `GatheredParameters`.
     """
     logger.debug("register_external_parameter(%s, %s): not needed in zerolite (params are "
-                 "gathered per unit)", type(module).__name__, tuple(getattr(parameter, "shape", ())))
+                 "gathered per unit)", type(module).__name__,
+                 tuple(getattr(parameter, "shape", ())))
 
 
 def unregister_external_parameter(module, parameter) -> None:

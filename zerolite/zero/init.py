@@ -222,8 +222,11 @@ def _patch_class(cls) -> None:
     init = cls.__dict__.get("__init__")
     if init is None or cls in _PATCHED["classes"] or hasattr(init, "_zl_original_init"):
         return
+    try:
+        cls.__init__ = _wrap_init(init)
+    except (TypeError, AttributeError):  # e.g. an extension type that refuses new attributes
+        return
     _PATCHED["classes"][cls] = init
-    cls.__init__ = _wrap_init(init)
 
 
 def _gathering_call(fn, params):
@@ -254,9 +257,13 @@ def _patch_globals() -> None:
     _PATCHED["apply"] = orig_apply
 
     def apply(self, fn):
+        if getattr(fn, "_zl_gathering", False):  # children's apply: already wrapped
+            return orig_apply(self, fn)
+
         @functools.wraps(fn)
         def gathered_fn(m):
             return _gathering_call(lambda: fn(m), m.parameters(recurse=False))
+        gathered_fn._zl_gathering = True
         return orig_apply(self, gathered_fn)
 
     nn.Module.apply = apply

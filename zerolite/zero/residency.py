@@ -66,6 +66,7 @@ class Residency:
 
     def ensure_gathered(self, unit: Unit, phase) -> None:
         """Gather `unit` (waiting for its prefetch if one is in flight), then prefetch."""
+        self.stats.poll()
         if unit.state is UnitState.SHARDED:
             self._issue(unit)
         if phase is not None:
@@ -80,6 +81,7 @@ class Residency:
             start = self.stats.now()
             with record_function(f"zerolite::wait_gather {unit.name}"):
                 unit.wait_gathered()
+            self.stats.poll()
             end = self.stats.now()
             self.stats.current.all_gather_wait_s += end - start
             self.stats.event("wait", f"wait {unit.name}", start, end)

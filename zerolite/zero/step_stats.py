@@ -1,6 +1,6 @@
 """Per-step accounting of communication vs compute, for logs, benchmarks and timelines.
 
-all_gather_s      sum over gathers of issue -> completion (the communication itself)
+all_gather_s      sum over gathers of issue -> completion seen (an upper bound, see poll)
 all_gather_wait_s time the compute thread was blocked waiting for a gather (exposed)
 reduce_scatter_s  sum over reductions of issue -> wait returned (an upper bound: gloo's
                   reduce-scatter work has no completion future)
@@ -9,7 +9,6 @@ peak_live_bytes   most full-parameter bytes gathered at once
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -38,39 +37,46 @@ class StatsRecorder:
         self.t0 = time.perf_counter()
         self.current = StepStats()
         self.last = StepStats()
-        self._lock = threading.Lock()
+        self._pending: list = []
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
     def event(self, lane: str, name: str, start: float, end: float) -> None:
         if self.trace:
-            with self._lock:
-                self.current.events.append((lane, name, start, end))
+            self.current.events.append((lane, name, start, end))
 
     def track_gather(self, name: str, works: list) -> None:
-        """Record when each async gather completes (gloo all-gather works have futures)."""
-        start = self.now()
-        stats = self.current
-        stats.gathers += 1
-        pending = [w for w in works if w is not None and hasattr(w, "get_future")]
-        if not pending:
+        """Note an issued gather; its completion is observed by `poll()`.
+
+        [Note: polling, not callbacks] Completion callbacks on gloo futures
+        (`get_future().then`) made processes abort at interpreter exit ("terminate called
+        without an active exception") when the script never destroyed its process group,
+        as DeepSpeed-style scripts don't. Polling `is_completed()` at every hook is
+        thread-free; a completion is seen at the next hook, so all_gather_s is an upper bound
+        by at most one unit's compute.
+        """
+        self.current.gathers += 1
+        pending = [w for w in works if w is not None and hasattr(w, "is_completed")]
+        if pending:
+            self._pending.append((self.now(), name, pending, self.current))
+
+    def poll(self) -> None:
+        if not self._pending:
             return
-        remaining = [len(pending)]
-
-        def done(_fut):
-            with self._lock:
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    end = self.now()
-                    stats.all_gather_s += end - start
-                    if self.trace:
-                        stats.events.append(("comm", f"all_gather {name}", start, end))
-            return None
-
-        for w in pending:
-            w.get_future().then(done)
+        still = []
+        for item in self._pending:
+            start, name, works, stats = item
+            if all(w.is_completed() for w in works):
+                end = self.now()
+                stats.all_gather_s += end - start
+                if self.trace:
+                    stats.events.append(("comm", f"all_gather {name}", start, end))
+            else:
+                still.append(item)
+        self._pending = still
 
     def end_step(self) -> StepStats:
+        self.poll()
         self.last, self.current = self.current, StepStats()
         return self.last
