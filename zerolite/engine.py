@@ -283,9 +283,18 @@ class ZeroEngine:
 
     @contextmanager
     def no_sync(self):
-        raise ZeroliteStateError("no_sync() is not supported with ZeRO stage 2 or 3 (as in "
-                                 "DeepSpeed): gradients are reduce-scattered during backward")
-        yield  # pragma: no cover
+        """Skip gradient reduction inside (stages 0 and 1): grads accumulate locally and are
+        reduced by the next backward outside (stage 0) or at the step (stage 1)."""
+        if self.zero_optimization_stage() >= 2:
+            raise ZeroliteStateError(
+                "no_sync() is not supported with ZeRO stage 2 or 3 (as in DeepSpeed): "
+                "gradients are reduce-scattered during backward; use gradient accumulation")
+        saved = self.sharded.defer_reduce
+        self.sharded.defer_reduce = True
+        try:
+            yield
+        finally:
+            self.sharded.defer_reduce = saved
 
     # -- accessors (DeepSpeed names) ---------------------------------------------------
     def get_lr(self) -> list[float]:

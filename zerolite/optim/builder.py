@@ -28,8 +28,12 @@ def _optimizer_class(type_name: str, params: dict):
     name = type_name.lower()
     if name == "adam":
         return torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
+    if name == "lamb":
+        raise ZeroliteConfigError(
+            "optimizer.type: 'Lamb' is not supported yet: its per-parameter trust ratio needs "
+            "each parameter's norm across shards; use Adam, AdamW, SGD, Adagrad or Lion")
     table = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
-             "lion": flat_optimizers.Lion, "lamb": flat_optimizers.Lamb}
+             "lion": flat_optimizers.Lion}
     if name not in table:
         raise ZeroliteConfigError(
             f"optimizer.type: {type_name!r} is not supported; choose one of "

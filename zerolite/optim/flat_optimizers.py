@@ -3,16 +3,15 @@ from __future__ import annotations
 
 import torch
 
-from zerolite.errors import ZeroliteConfigError
-
 
 class Lion(torch.optim.Optimizer):
-    """Lion (Chen et al. 2023) with DeepSpeed's defaults: lr 1e-4, betas (0.9, 0.99), wd 0.
+    """Lion (Chen et al. 2023) with DeepSpeed's defaults (FusedLion / DeepSpeedCPULion):
+    lr 1e-3, betas (0.9, 0.999), weight decay 0 — note the paper suggests (0.9, 0.99).
 
     Element-wise, so running it on flat shards equals running it per parameter.
     """
 
-    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -32,13 +31,3 @@ class Lion(torch.optim.Optimizer):
                 p.add_(update, alpha=-group["lr"])
                 m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
         return loss
-
-
-class Lamb(torch.optim.Optimizer):
-    """Placeholder that refuses clearly: LAMB's trust ratio needs each parameter's norm over
-    all shards, which zerolite's flat-shard optimizer path does not compute yet."""
-
-    def __init__(self, params, **kwargs):
-        raise ZeroliteConfigError(
-            "optimizer.type: 'Lamb' is not supported yet (its per-parameter trust ratio needs "
-            "norms across shards); use Adam, AdamW, SGD, Adagrad or Lion")
