@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup demo test test-slow bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q -m "" --benchmark-only --benchmark-json=benchmarks/results/latest.json
+
+# zerolite (ZeRO-3/2) vs FSDP2, DDP and DeepSpeed (if `import deepspeed` works) on CPU/gloo.
+bench-peers: $(STAMP)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m benchmarks.peers.run \
+		--sizes 20M,80M --worlds 2 --dtypes fp32 --steps 6 --warmup 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from png_canvas import Canvas  # noqa: E402
+from peers.png import Canvas  # noqa: E402
 from step_workloads import GPT_20M, GPT_80M, _batch  # noqa: E402
 
 LANES = ["compute", "all_gather", "wait", "reduce"]
@@ -69,8 +69,8 @@ def render(events, path_png: str, width: int = 1600, lane_h: int = 36) -> None:
     for lane, name, start, end in events:
         row, color = _lane(lane, name)
         y = 10 + LANES.index(row) * lane_h
-        canvas.rect(10 + (start - t0) * scale, y + 2, 10 + (end - t0) * scale, y + lane_h - 6,
-                    color)
+        x0 = 10 + int((start - t0) * scale)
+        canvas.rect(x0, y + 2, max(x0 + 1, 10 + int((end - t0) * scale)), y + lane_h - 6, color)
     canvas.save(path_png)
 
 
