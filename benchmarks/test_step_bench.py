@@ -15,8 +15,12 @@ WORLD, MICRO, STEPS, WARMUP = 2, 4, 6, 2
 _results: dict = {}
 
 
-def _run(kind, **kw):
-    return run_ranks(run_steps, WORLD, kind, GPT_20M, MICRO, STEPS, WARMUP, timeout_s=900, **kw)
+ZERO3 = {"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}
+
+
+def _run(kind):
+    return run_ranks(run_steps, WORLD, kind, GPT_20M, MICRO, STEPS, WARMUP, timeout_s=900,
+                     zero=ZERO3)
 
 
 @pytest.mark.parametrize("kind", ["ddp", "zerolite"])

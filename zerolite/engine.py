@@ -3,6 +3,7 @@ ShardedModel and an optimizer that only ever sees this rank's fp32 shards."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch.nn as nn
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.errors import ZeroliteStateError
+from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
@@ -57,6 +59,8 @@ class ZeroEngine:
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
         self._config = config
+        if not any(p.is_cuda for p in model.parameters()):
+            fix_mmap_threshold()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         zc = config.zero_optimization
@@ -220,10 +224,13 @@ class ZeroEngine:
         self.sharded.reduce_deferred_grads()
         masters = [f.master for f in self.sharded.flats if f.master is not None]
         grads = [m.grad for m in masters if m.grad is not None]
-        distributed = self.sharded.partitions > 1
+        # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
+        # The float64 sum of squares is non-finite iff some element is (fp32 squares cannot
+        # overflow float64), so the all-reduced norm doubles as the fp16 overflow check.
+        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1)
         if self.loss_scaler is not None:
             scale = self.loss_scaler.loss_scale
-            overflow = self._any_rank_overflowed(grads)
+            overflow = not math.isfinite(norm)
             self.loss_scaler.update_scale(overflow)
             self.optimizer.overflow = overflow
             if overflow:
@@ -232,11 +239,9 @@ class ZeroEngine:
                 for m in masters:
                     m.grad = None
                 return
-            inv = 1.0 / scale
             for g in grads:
-                g.mul_(inv)
-        # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
-        norm = global_grad_norm(grads, distributed=distributed)
+                g.mul_(1.0 / scale)
+            norm /= scale  # exact for power-of-two scales (all dynamic ones)
         self._global_grad_norm = norm
         coef = clip_coefficient(norm, self._config.gradient_clipping)
         if coef is not None:
@@ -247,16 +252,6 @@ class ZeroEngine:
             m.grad = None
         self.sharded.refresh_params_from_masters()
         self._step_applied = True
-
-    def _any_rank_overflowed(self, grads) -> bool:
-        flag = torch.zeros((), dtype=torch.float32)
-        for g in grads:
-            if not torch.isfinite(g).all():
-                flag.fill_(1.0)
-                break
-        if self.world_size > 1:
-            dist.all_reduce(flag)
-        return flag.item() > 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Safe at any time: accumulated shard grads are cleared by step() itself, so this

@@ -4,7 +4,8 @@ Each step records the order in which units are needed, separately for forward an
 The next step prefetches from that record: when unit i is needed, the gathers of the units
 that follow it are issued early, within two budgets (DeepSpeed's keys, counted in elements):
 
-  stage3_prefetch_bucket_size  elements being prefetched ahead of use at any time
+  stage3_prefetch_bucket_size  elements being prefetched ahead of use at any time (at least
+                               the next unit whenever it is > 0)
   stage3_max_live_parameters   elements gathered in total (in use + prefetched)
 
 When the order of this step departs from the record (data-dependent control flow, an eval
@@ -84,7 +85,11 @@ class PrefetchScheduler:
             if is_live(nxt):
                 continue
             size = self.unit_numels[nxt]
-            if size > budget_ahead or live + size > self.max_live_numel:
+            # Whenever prefetch is on, the next unit may always come early (budgets smaller
+            # than one unit, like Hugging Face's "auto" 0.9 * hidden**2, would otherwise
+            # turn prefetch off); the live budget still applies.
+            first = not picks and in_flight_numel <= 0
+            if (size > budget_ahead and not first) or live + size > self.max_live_numel:
                 break
             picks.append(nxt)
             budget_ahead -= size
