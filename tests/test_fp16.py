@@ -93,3 +93,30 @@ def test_loss_scaler_sequence():
     static = LossScaler(loss_scale=128)
     static.update_scale(True)
     assert static.loss_scale == 128
+
+
+class _Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.layers(x).float(), y)
+
+
+def _auto_cast(rank, world, auto_cast):
+    torch.manual_seed(0)
+    cfg = ds_config(world, fp16={**FP16, "auto_cast": auto_cast})
+    engine, *_ = zerolite.initialize(model=_Regression(), config=cfg)
+    x, y = torch.randn(2, 8), torch.randn(2, 1)  # fp32 inputs, as a data loader yields them
+    try:
+        loss = engine(x, y)
+    except RuntimeError as err:
+        return "error: " + str(err).splitlines()[0]
+    engine.backward(loss)
+    return loss.dtype
+
+
+def test_fp16_auto_cast_casts_float_inputs():
+    assert run_ranks(_auto_cast, 2, True)[0] == torch.float32  # the loss itself is fp32
+    assert run_ranks(_auto_cast, 2, False)[0].startswith("error")

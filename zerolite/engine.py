@@ -12,6 +12,7 @@ import psutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils._pytree import tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.errors import ZeroliteStateError
@@ -24,6 +25,11 @@ from zerolite.zero.partition import policy_from_classes
 from zerolite.zero.sharded_model import ShardedModel, ShardingOptions
 
 logger = logging.getLogger("zerolite")
+
+
+def _to_half(x):
+    """fp16.auto_cast: floating-point inputs become float16, everything else is untouched."""
+    return x.half() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
 def _param_groups(model: nn.Module, model_parameters) -> tuple[dict, list[dict]]:
@@ -141,6 +147,8 @@ class ZeroEngine:
 
     def forward(self, *args, **kwargs):
         start = time.perf_counter()
+        if self._config.fp16.enabled and self._config.fp16.auto_cast:
+            args, kwargs = tree_map(_to_half, (args, kwargs))
         out = self.module(*args, **kwargs)
         self._window.forward_s += time.perf_counter() - start
         first = args[0] if args else None
