@@ -138,3 +138,26 @@ def test_order_changing_every_other_step_trains_correctly():
     losses, changes = run_ranks(_train_branchy, 2, timeout_s=60)[0]
     assert changes >= STEPS - 2
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=0)
+
+
+def _breakdown(rank, world):
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("zerolite").addHandler(handler)
+    logging.getLogger("zerolite").setLevel(logging.INFO)
+    cfg = _config(world)
+    cfg.update(wall_clock_breakdown=True, steps_per_print=2)
+    engine, *_ = zerolite.initialize(model=gpt4(), config=cfg)
+    train_engine(engine, batches(2), rank, world)
+    return records, engine.last_step_stats.as_dict()
+
+
+def test_wall_clock_breakdown_logs_compute_and_comm():
+    records, stats = run_ranks(_breakdown, 2)[0]
+    lines = [r for r in records if "all_gather" in r and "compute" in r]
+    assert len(lines) == 1 and "step 2" in lines[0], records
+    assert any("forward" in r and "backward" in r and "rss" in r for r in records), records
+    assert stats["compute_s"] > 0 and stats["gathers"] > 0

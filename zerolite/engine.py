@@ -208,7 +208,9 @@ class ZeroEngine:
         """Per-step telemetry: TrainingMonitor (every rank), comm breakdown when asked."""
         now = time.perf_counter()
         w, self._window = self._window, _StepWindow()
-        self.last_step_stats = self.sharded.stats.end_step()
+        st = self.last_step_stats = self.sharded.stats.end_step()
+        st.compute_s = max(0.0, w.forward_s + w.backward_s - st.all_gather_wait_s
+                           - st.reduce_scatter_wait_s)
         breakdown = self._config.wall_clock_breakdown
         metrics = {"loss": sum(w.losses) / len(w.losses) if w.losses else None,
                    "lr": self.get_lr()[0] if self.get_lr() else None,
@@ -220,12 +222,12 @@ class ZeroEngine:
         self._last_step_time = now
         self.monitor.on_step(self.global_steps, metrics)
         if breakdown and self.rank == 0 and self.global_steps % self.monitor.steps_per_print == 0:
-            st = self.last_step_stats
-            logger.info("zerolite: step %d comm | all_gather %.3fs (exposed %.3fs) | "
-                        "reduce_scatter %.3fs (exposed %.3fs) | %d gathers, %d prefetched | "
-                        "peak gathered %.1f MiB", self.global_steps, st.all_gather_s,
-                        st.all_gather_wait_s, st.reduce_scatter_s, st.reduce_scatter_wait_s,
-                        st.gathers, st.prefetched, st.peak_live_bytes / 2**20)
+            logger.info("zerolite: step %d | compute %.3fs | all_gather %.3fs (exposed %.3fs) | "
+                        "reduce %.3fs (exposed %.3fs) | %d gathers, %d prefetched | "
+                        "peak gathered %.1f MiB", self.global_steps, st.compute_s,
+                        st.all_gather_s, st.all_gather_wait_s, st.reduce_scatter_s,
+                        st.reduce_scatter_wait_s, st.gathers, st.prefetched,
+                        st.peak_live_bytes / 2**20)
 
     @torch.no_grad()
     def _apply_update(self) -> None:

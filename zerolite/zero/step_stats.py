@@ -6,6 +6,8 @@ reduce_scatter_s  sum over reductions of issue -> wait returned (an upper bound:
                   reduce-scatter work has no completion future)
 reduce_scatter_wait_s  time blocked in those waits (exposed)
 peak_live_bytes   most full-parameter bytes gathered at once
+compute_s         forward + backward time of the step minus the exposed waits above
+                  (filled by the engine at the optimizer step)
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class StepStats:
     gathers: int = 0
     prefetched: int = 0
     peak_live_bytes: int = 0
+    compute_s: float = 0.0
     events: list = field(default_factory=list)
     """(lane, name, start_s, end_s) when tracing is on."""
 
