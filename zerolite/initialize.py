@@ -15,7 +15,8 @@ from zerolite.errors import ZeroliteConfigError
 logger = logging.getLogger("zerolite")
 
 
-def _guess_hidden_size(model: nn.Module) -> int | None:
+def guess_hidden_size(model: nn.Module) -> int | None:
+    """The model's hidden size where it says so (for Hugging Face "auto" config values)."""
     for attr in ("hidden_size", "d_model", "n_embd"):
         for holder in (getattr(model, "config", None), getattr(model, "cfg", None), model):
             value = getattr(holder, attr, None) if holder is not None else None
@@ -48,11 +49,11 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     config = config if config is not None else config_params
     _quiet_other_ranks()
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
-    cfg = load_config(config, world, hidden_size=_guess_hidden_size(model), args=args)
+    cfg = load_config(config, world, hidden_size=guess_hidden_size(model), args=args)
     init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required,
                      timeout=cfg.zerolite.comm_timeout_s)
     if dist.get_world_size() != cfg.world_size:
-        cfg = load_config(config, dist.get_world_size(), hidden_size=_guess_hidden_size(model),
+        cfg = load_config(config, dist.get_world_size(), hidden_size=guess_hidden_size(model),
                           args=args)
     ignored = accepted_ignored_keys(cfg)
     if ignored:

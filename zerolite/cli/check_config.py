@@ -109,15 +109,6 @@ def _unit_sizes(model) -> tuple[int, int]:
     return sizes[0], max(sizes[1:], default=0)
 
 
-def _guess_hidden_size(model) -> int | None:
-    for attr in ("hidden_size", "d_model", "n_embd"):
-        for holder in (getattr(model, "config", None), getattr(model, "cfg", None), model):
-            value = getattr(holder, attr, None) if holder is not None else None
-            if isinstance(value, int):
-                return value
-    return None
-
-
 def _fmt(nbytes: float) -> str:
     return f"{nbytes / GIB:10.3f} GiB" if nbytes >= GIB else f"{nbytes / MIB:10.3f} MiB"
 
@@ -142,6 +133,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from zerolite.config import load_config
     from zerolite.errors import ZeroliteConfigError
+    from zerolite.initialize import guess_hidden_size
 
     model = None
     hidden = args.hidden_size
@@ -152,7 +144,7 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(f"zerolite check-config: error: --model {args.model!r}: "
                              f"{type(e).__name__}: {e}\n")
             return 2
-        hidden = hidden or _guess_hidden_size(model)
+        hidden = hidden or guess_hidden_size(model)
     if args.params is not None and (args.params < 0 or not float(args.params).is_integer()):
         sys.stderr.write(f"zerolite check-config: error: --params {args.params}: expected a "
                          "non-negative whole number\n")
