@@ -42,7 +42,9 @@ def _make_pre_forward(model: "ShardedModel", unit: "Unit"):
     def hook(module, args, kwargs):
         model.before_unit_forward(unit)
         inputs = _grad_tensors((args, kwargs))
-        if inputs and torch.is_grad_enabled() and not unit.is_root:
+        # Not during a recompute inside backward (activation checkpointing): those inputs'
+        # grads may never be computed, and the unit is released by its original hooks.
+        if inputs and torch.is_grad_enabled() and not unit.is_root and not model.in_backward:
             unit.pending_input_grads += 1
             register_multi_grad_hook(inputs, lambda grads: model.after_unit_backward(unit))
         return None
@@ -53,7 +55,7 @@ def _make_pre_forward(model: "ShardedModel", unit: "Unit"):
 def _make_post_forward(model: "ShardedModel", unit: "Unit"):
     def hook(module, args, kwargs, output):
         outputs = _grad_tensors(output)
-        if outputs and torch.is_grad_enabled():
+        if outputs and torch.is_grad_enabled() and not model.in_backward:
             register_multi_grad_hook(outputs, lambda grads: model.before_unit_backward(unit),
                                      mode="any")
         model.after_unit_forward(unit, needs_backward=bool(outputs) and torch.is_grad_enabled())
