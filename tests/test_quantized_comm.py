@@ -137,7 +137,7 @@ def _gather(rank, world, dtype, shard):
     flat.shard.copy_(shards[rank])
     gatherer = QuantizedParamGatherer(bits=8, block_size=64)
     work = gatherer.start(flat)
-    assert hasattr(work, "get_future")
+    assert hasattr(work, "is_completed")
     work.wait()
     work.wait()  # idempotent
     return flat.full.clone(), shards, dict(gatherer.bytes_sent)

@@ -43,8 +43,8 @@ __all__ = ["QuantizedGradReducer", "QuantizedParamGatherer", "quantize_chunks"]
 
 
 class _Works:
-    """Several async works seen as one: `wait()` waits for all, `get_future()` completes
-    when all have (so step statistics can time it like a plain collective)."""
+    """Several async works seen as one: `wait()` waits for all, `is_completed()` says
+    whether all have finished (so step statistics can time it like a plain collective)."""
 
     def __init__(self, *works):
         self._works = [w for w in works if w is not None]
@@ -54,13 +54,8 @@ class _Works:
             w.wait()
         return True
 
-    def get_future(self):
-        futs = [w.get_future() for w in self._works if hasattr(w, "get_future")]
-        if len(futs) < len(self._works):  # e.g. a finished stand-in: report done now
-            done = torch.futures.Future()
-            done.set_result(None)
-            futs.append(done)
-        return torch.futures.collect_all(futs)
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works if hasattr(w, "is_completed"))
 
 
 def quantize_chunks(chunks: torch.Tensor, bits: int, block_size: int, stochastic: bool = False,
@@ -206,8 +201,8 @@ class _PendingGather:
         self._works, self._flat = works, flat
         self._args = (codes, scales, bits, block_size, n)
 
-    def get_future(self):
-        return self._works.get_future()
+    def is_completed(self) -> bool:
+        return self._works.is_completed()
 
     def wait(self, timeout=None):
         if self._args is None:

@@ -21,6 +21,9 @@ class PendingReduce:
     def __init__(self, work, result: torch.Tensor, finish=None):
         self._work, self._result, self._finish = work, result, finish
 
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
     def wait(self) -> torch.Tensor:
         if self._work is not None:
             self._work.wait()

@@ -3,7 +3,9 @@
 Reductions are launched asynchronously as each flat's grads are complete, so they overlap
 with the backward of earlier units. At most `max_inflight_numel` elements of full gradient
 buffers are alive in flight (DeepSpeed's reduce_bucket_size); past that the oldest is waited
-for. Everything left is waited for once, at the end of backward.
+for. Finished reductions are retired as soon as a hook sees them done (`poll`), so their
+full-size buffers do not wait for the end of backward; everything left is waited for once,
+at the end of backward.
 """
 from __future__ import annotations
 
@@ -24,7 +26,13 @@ class GradReduction:
         self._queue: deque = deque()
         self._inflight_numel = 0
 
+    def poll(self) -> None:
+        """Retire reductions that have finished (oldest first), freeing their buffers."""
+        while self._queue and self._queue[0][0].is_completed():
+            self._complete(self._queue.popleft())
+
     def launch(self, unit: Unit, flat: FlatParam) -> None:
+        self.poll()
         unit.reduced_flats += 1
         item = unit.start_reduce(flat, self.reducer)
         if item is None:

@@ -180,6 +180,7 @@ class ShardedModel:
 
     def before_unit_backward(self, unit: Unit) -> None:
         self.in_backward = True
+        self.reduction.poll()
         self.residency.ensure_gathered(unit, self.residency.scheduler.backward)
         unit.backward_start = self.stats.now()
 
