@@ -151,12 +151,14 @@ def _breakdown(rank, world):
     cfg = _config(world)
     cfg.update(wall_clock_breakdown=True, steps_per_print=2)
     engine, *_ = zerolite.initialize(model=gpt4(), config=cfg)
-    train_engine(engine, batches(2), rank, world)
-    return records, engine.last_step_stats.as_dict()
+    losses = train_engine(engine, batches(2), rank, world)
+    return records, engine.last_step_stats.as_dict(), engine.monitor.last_logged, losses
 
 
 def test_wall_clock_breakdown_logs_compute_and_comm():
-    records, stats = run_ranks(_breakdown, 2)[0]
+    records, stats, logged, losses = run_ranks(_breakdown, 2)[0]
+    # the logged loss is the mean over ranks and micro-batches of the logged step
+    assert logged["loss"] == pytest.approx(losses[-1], rel=1e-12)
     lines = [r for r in records if "all_gather" in r and "compute" in r]
     assert len(lines) == 1 and "step 2" in lines[0], records
     assert any("forward" in r and "backward" in r and "rss" in r for r in records), records

@@ -212,7 +212,14 @@ class ZeroEngine:
         st.compute_s = max(0.0, w.forward_s + w.backward_s - st.all_gather_wait_s
                            - st.reduce_scatter_wait_s)
         breakdown = self._config.wall_clock_breakdown
-        metrics = {"loss": sum(w.losses) / len(w.losses) if w.losses else None,
+        loss = None
+        if w.losses:  # collected on every rank for exactly the logged steps: one all-reduce
+            total = torch.tensor(sum(w.losses) / len(w.losses), dtype=torch.float64,
+                                 device=self.sharded.flats[0].shard.device)
+            if self.world_size > 1:
+                dist.all_reduce(total)
+            loss = total.item() / self.world_size
+        metrics = {"loss": loss,
                    "lr": self.get_lr()[0] if self.get_lr() else None,
                    "grad_norm": self._global_grad_norm, "samples": self.train_batch_size(),
                    "tokens": w.tokens or None,
