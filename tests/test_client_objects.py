@@ -1,12 +1,12 @@
 """Param groups with different weight decay, a client torch.optim optimizer, and client /
 config LR schedulers — each against the single-process reference."""
-import copy
 
 import torch
 
 import zerolite
+from zerolite.optim.grad_norm import clip_grads_
 from zerolite.testing.multiprocess import run_ranks
-from zerolite.testing.reference import train_engine, train_reference
+from zerolite.testing.reference import train_engine
 from zerolite.zero.sharded_model import gather_full_state_dict
 
 from gpt_cases import CLIP, LR, batches, ds_config, tiny_gpt
@@ -51,7 +51,7 @@ def _reference(make_opt, lambda_sched=False):
     for x, y in batches(STEPS):
         loss = model(x, y)
         loss.backward()
-        zerolite.optim.grad_norm.clip_grads_([p.grad for p in model.parameters()], CLIP)
+        clip_grads_([p.grad for p in model.parameters()], CLIP)
         opt.step()
         opt.zero_grad()
         if sched:
@@ -71,8 +71,6 @@ def _compare(got, ref):
 
 
 def test_param_groups_with_different_weight_decay():
-    import zerolite.optim.grad_norm  # noqa: F401
-
     got = run_ranks(_train, 2, "groups")[0]
     ref = _reference(lambda g: torch.optim.AdamW(g, lr=LR))
     _compare(got, ref)

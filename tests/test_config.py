@@ -95,9 +95,9 @@ def test_optimizer_defaults_and_canonical_names():
     assert cfg.optimizer.params == {"lr": 3e-4, "betas": (0.9, 0.999), "eps": 1e-8,
                                     "weight_decay": 0.0, "bias_correction": True,
                                     "amsgrad": False, "adam_w_mode": True, "torch_adam": False}
-    for given, canon in [("ADAMW", "AdamW"), ("sgd", "SGD"), ("Adagrad", "Adagrad"),
-                         ("lamb", "Lamb"), ("Lion", "Lion")]:
-        opt = load_quiet(with_(optimizer={"type": given})).optimizer
+    for spelled, canon in [("ADAMW", "AdamW"), ("sgd", "SGD"), ("Adagrad", "Adagrad"),
+                           ("lamb", "Lamb"), ("Lion", "Lion")]:
+        opt = load_quiet(with_(optimizer={"type": spelled})).optimizer
         assert opt.type == canon and "lr" in opt.params
     assert load_quiet(with_(optimizer={"type": "SGD", "params": {"momentum": 0.9}})) \
         .optimizer.params["momentum"] == 0.9

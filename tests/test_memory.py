@@ -2,7 +2,6 @@
 import math
 
 import pytest
-import torch
 
 import zerolite
 from zerolite.testing.multiprocess import run_ranks

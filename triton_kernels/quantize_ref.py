@@ -48,7 +48,6 @@ division and the product).  Stochastic rounding: ``|error| < scale`` and
 
 from __future__ import annotations
 
-import math
 
 import torch
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .quantize_ref import QMAX, check_args, num_blocks, seed_key
+from .quantize_ref import check_args, num_blocks, seed_key
 
 try:  # lazy / optional: the package must import without triton
     import triton

@@ -29,7 +29,8 @@ def _timeout_from_env(default: float) -> float:
     return value
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -75,7 +76,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
             if world_size > 1:
                 os.environ["MASTER_PORT"] = str(distributed_port)
             else:
-                os.environ["MASTER_PORT"] = str(_free_port())
+                os.environ["MASTER_PORT"] = str(free_port())
         init_method = "env://"
     backend = dist_backend or default_backend()
     if backend == "nccl":

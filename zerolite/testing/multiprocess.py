@@ -11,7 +11,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import socket
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -19,15 +18,11 @@ from multiprocessing.connection import wait
 import torch
 import torch.distributed as dist
 
+from zerolite.comm.process_group import free_port
+
 
 class RankFailed(RuntimeError):
     """A rank raised, died or timed out; the message carries its traceback."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(fn, rank, world_size, port, conn, comm_timeout_s, args, kwargs):

@@ -28,9 +28,7 @@ class Residency:
         self.gatherer = gatherer
         self.stats = stats
         self.sharding_params = stage == 3
-        self.numels = [sum(f.padded_numel for f in u.flats) for u in units]
-        self.bytes_per = [sum(f.padded_numel * f.full.element_size() for f in u.flats)
-                          for u in units]
+        self.numels = [u.numel for u in units]
         self.persistent = {u.index for u in units
                            if not self.sharding_params or self.numels[u.index] <= persistence_threshold}
         self.max_live_numel = max_live_numel
@@ -54,8 +52,7 @@ class Residency:
         live = self.live_numel()
         if live > self.peak_live_numel:
             self.peak_live_numel = live
-        live_bytes = sum(self.bytes_per[u.index] for u in self.units
-                         if u.state is not UnitState.SHARDED)
+        live_bytes = sum(u.full_nbytes for u in self.units if u.state is not UnitState.SHARDED)
         self.stats.current.peak_live_bytes = max(self.stats.current.peak_live_bytes, live_bytes)
 
     # -- gathering ---------------------------------------------------------------------

@@ -226,9 +226,6 @@ class ShardedModel:
             flat.refresh_shard_from_master()
         self.residency.refresh_persistent()
 
-    def release_all(self) -> None:
-        self.residency.release_all()
-
 
 def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> dict[str, torch.Tensor]:
     """Every parameter, full and unsharded, under each of its names (tied params included).

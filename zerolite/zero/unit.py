@@ -26,6 +26,10 @@ class Unit:
         self.name = name or "<root>"
         self.module = module
         self.flats = flats
+        self.trainable_flats = [f for f in flats if f.requires_grad]
+        self.numel = sum(f.padded_numel for f in flats)
+        """Elements of the full (padded) parameters: what gathering this unit costs."""
+        self.full_nbytes = sum(f.padded_numel * f.full.element_size() for f in flats)
         self.state = UnitState.SHARDED
         self._gather_works: list = []
         self.pending_input_grads = 0
@@ -40,13 +44,6 @@ class Unit:
     def is_root(self) -> bool:
         return self.index == 0
 
-    @property
-    def trainable_flats(self) -> list[FlatParam]:
-        return [f for f in self.flats if f.requires_grad]
-
-    @property
-    def full_nbytes(self) -> int:
-        return sum(f.padded_numel * f.full.element_size() for f in self.flats)
 
     def _expect(self, *states: UnitState) -> None:
         if self.state not in states:
