@@ -12,20 +12,12 @@ import torch
 
 from zerolite.errors import ZeroliteConfigError
 
-# DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (FusedAdam semantics); its
-# weight_decay default is 0.0, not torch.optim.AdamW's 0.01.
-_DEFAULTS = {
-    "adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0},
-    "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0},
-    "sgd": {"lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0},
-    "adagrad": {"lr": 1e-2, "eps": 1e-10, "weight_decay": 0.0},
-}
-
 
 def _optimizer_class(type_name: str, params: dict):
     from zerolite.optim import flat_optimizers
 
     name = type_name.lower()
+    # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (FusedAdam semantics).
     if name == "adam":
         return torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
     if name == "lamb":
@@ -37,7 +29,7 @@ def _optimizer_class(type_name: str, params: dict):
     if name not in table:
         raise ZeroliteConfigError(
             f"optimizer.type: {type_name!r} is not supported; choose one of "
-            "Adam, AdamW, SGD, Adagrad, Lamb, Lion, or pass a torch.optim optimizer")
+            "Adam, AdamW, SGD, Adagrad, Lion, or pass a torch.optim optimizer")
     return table[name]
 
 
@@ -69,7 +61,8 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
                         f"taking param groups, got {type(client_optimizer).__name__}")
     if opt_type is None:
         return None
-    params = dict(_DEFAULTS.get(opt_type.lower(), {}))
-    params.update(opt_params or {})
+    # DeepSpeed's defaults (e.g. weight_decay 0.0, not torch AdamW's 0.01) are filled in by
+    # zerolite.config, which also validated every value.
+    params = dict(opt_params or {})
     cls = _optimizer_class(opt_type, params)
     return cls(master_groups, **_accepted_kwargs(cls, params))
