@@ -14,7 +14,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_map
 
+from zerolite import watchdog
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
+from zerolite.comm.last_collective import RECORD as LAST
+from zerolite.comm.last_collective import set_phase
 from zerolite.errors import ZeroliteStateError
 from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
@@ -146,6 +149,7 @@ class ZeroEngine:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        set_phase("forward")
         start = time.perf_counter()
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
             args, kwargs = tree_map(_to_half, (args, kwargs))
@@ -165,6 +169,7 @@ class ZeroEngine:
             scaled = loss / self.gradient_accumulation_steps()
         if self.loss_scaler is not None:
             scaled = scaled.float() * self.loss_scaler.loss_scale
+        set_phase("backward")
         start = time.perf_counter()
         scaled.backward(retain_graph=retain_graph)
         self.sharded.finish_backward()
@@ -185,6 +190,7 @@ class ZeroEngine:
         self._boundary_override = is_boundary
 
     def step(self, lr_kwargs=None) -> None:
+        set_phase("step")
         start = time.perf_counter()
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
@@ -197,6 +203,7 @@ class ZeroEngine:
             if self.lr_scheduler is not None and self._step_applied:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
             self.global_steps += 1
+            LAST.step = self.global_steps  # the watchdog derives step times from this
             self.global_samples += self.train_batch_size()
             self._window.step_s += time.perf_counter() - start
             self._after_optimizer_step()
@@ -364,9 +371,11 @@ class ZeroEngine:
                         exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import save_checkpoint
 
-        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
-                               save_latest=save_latest,
-                               exclude_frozen_parameters=exclude_frozen_parameters)
+        set_phase("checkpoint")
+        with watchdog.suspended():  # file I/O takes as long as it takes, on some ranks more
+            return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                                   save_latest=save_latest,
+                                   exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
@@ -375,10 +384,13 @@ class ZeroEngine:
 
         if custom_load_fn is not None:
             raise ZeroliteStateError("load_checkpoint(custom_load_fn=...) is not supported")
-        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
-                               load_optimizer_states=load_optimizer_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states,
-                               load_module_only=load_module_only)
+        set_phase("checkpoint")
+        with watchdog.suspended():
+            return load_checkpoint(self, load_dir, tag=tag,
+                                   load_module_strict=load_module_strict,
+                                   load_optimizer_states=load_optimizer_states,
+                                   load_lr_scheduler_states=load_lr_scheduler_states,
+                                   load_module_only=load_module_only)
 
     def _zero3_consolidated_16bit_state_dict(self):
         from zerolite.checkpoint import consolidated_16bit_state_dict
@@ -389,5 +401,7 @@ class ZeroEngine:
                          exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import save_16bit_model
 
-        return save_16bit_model(self, save_dir, save_filename,
-                                exclude_frozen_parameters=exclude_frozen_parameters)
+        set_phase("checkpoint")
+        with watchdog.suspended():
+            return save_16bit_model(self, save_dir, save_filename,
+                                    exclude_frozen_parameters=exclude_frozen_parameters)

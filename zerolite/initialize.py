@@ -7,6 +7,7 @@ import os
 import torch.distributed as dist
 import torch.nn as nn
 
+from zerolite import watchdog
 from zerolite.comm.process_group import init_distributed
 from zerolite.config import accepted_ignored_keys, load_config
 from zerolite.engine import ZeroEngine
@@ -55,6 +56,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     if dist.get_world_size() != cfg.world_size:
         cfg = load_config(config, dist.get_world_size(), hidden_size=guess_hidden_size(model),
                           args=args)
+    watchdog.start(cfg.zerolite, dist.get_rank(), dist.get_world_size())
     ignored = accepted_ignored_keys(cfg)
     if ignored:
         logger.warning("zerolite: these config keys are accepted but have no effect here: %s",

@@ -29,6 +29,10 @@ DEFAULT_MASTER_PORT = 29500
 SHUTDOWN_GRACE_S = 15.0
 """After a SIGINT/SIGTERM, how long torchrun gets to stop its workers before everything is
 SIGKILLed (torchrun itself would wait 30 s)."""
+WATCHDOG_GRACE_S = 3.0
+"""After a rank's watchdog reported a failed or hung rank (SIGUSR1 from zerolite.watchdog),
+how long the other ranks get to print their line and exit before what is left is SIGKILLed
+(a SIGSTOPped rank never exits by itself; SIGKILL reaches it)."""
 
 
 class LaunchError(Exception):
@@ -282,9 +286,22 @@ def _kill_all(procs: list) -> None:
             pass
 
 
+def _alive(procs: list) -> list:
+    import psutil
+
+    out = []
+    for proc in procs:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            pass
+    return out
+
+
 def run(p: dict) -> int:
     """Run torchrun; forward SIGINT/SIGTERM to it and make sure every rank is gone at the end."""
-    env = dict(os.environ, **p["env"])
+    env = dict(os.environ, **p["env"], ZEROLITE_LAUNCHER_PID=str(os.getpid()))
     # Note: own session, so a Ctrl-C in the terminal reaches torchrun once (through us), and
     # torchrun's workers (each in its own session) are tracked by pid, not by process group.
     child = subprocess.Popen(p["cmd"], env=env, start_new_session=True)
@@ -297,12 +314,18 @@ def run(p: dict) -> int:
         if child.poll() is None:
             child.send_signal(signal.SIGKILL if len(received) > 1 else signum)
 
+    watchdog_at: list[float] = []
+
+    def on_watchdog(_signum, _frame):
+        watchdog_at.append(time.monotonic())
+
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, on_watchdog)
     known: dict[int, object] = {}
     try:
         while True:
             try:
-                rc = child.wait(timeout=0.5)
+                rc = child.wait(timeout=0.2 if watchdog_at else 0.5)
                 break
             except subprocess.TimeoutExpired:
                 pass
@@ -311,6 +334,15 @@ def run(p: dict) -> int:
             if first_signal_at and time.monotonic() - first_signal_at[0] > SHUTDOWN_GRACE_S:
                 _kill_all(list(known.values()))
                 child.kill()
+            if watchdog_at and time.monotonic() - watchdog_at[0] > WATCHDOG_GRACE_S:
+                left = _alive(list(known.values()))
+                _kill_all(left)
+                child.kill()
+                child.wait()
+                sys.stderr.write("zerolite: the watchdog ended the job (its line is above); "
+                                 f"SIGKILLed {len(left)} process(es) that were left\n")
+                rc = 1
+                break
     finally:
         for s, h in old.items():
             signal.signal(s, h)

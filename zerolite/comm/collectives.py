@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
+from zerolite.comm.last_collective import entered
+
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -26,6 +28,7 @@ class _DoneWork:
 
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group=None, async_op=False):
     """Concatenate every rank's equal-sized `shard` into `output` (rank order)."""
+    entered("all_gather")
     with record_function("zerolite::all_gather"):
         if dist.get_world_size(group) == 1:
             output.copy_(shard)
@@ -35,6 +38,7 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group=None, async
 
 def reduce_scatter_flat(output: torch.Tensor, full: torch.Tensor, group=None, async_op=False):
     """Sum `full` over ranks and leave slice `rank` of the sum in `output`."""
+    entered("reduce_scatter")
     with record_function("zerolite::reduce_scatter"):
         if dist.get_world_size(group) == 1:
             output.copy_(full)
@@ -44,6 +48,7 @@ def reduce_scatter_flat(output: torch.Tensor, full: torch.Tensor, group=None, as
 
 
 def all_reduce_sum(tensor: torch.Tensor, group=None, async_op=False):
+    entered("all_reduce")
     with record_function("zerolite::all_reduce"):
         if dist.get_world_size(group) == 1:
             return _DoneWork() if async_op else None
@@ -51,6 +56,7 @@ def all_reduce_sum(tensor: torch.Tensor, group=None, async_op=False):
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group=None):
+    entered("broadcast")
     with record_function("zerolite::broadcast"):
         if dist.get_world_size(group) > 1:
             dist.broadcast(tensor, src=src, group=group)

@@ -301,6 +301,17 @@ class ZeroliteExtrasConfig(Section):
     """Carry quantization error into the next step's gradients."""
     unit_policy: list | None = None
     """Module class names that form ZeRO-3 gather units; null = zerolite's default policy."""
+    watchdog: bool = True
+    """Heartbeat/stall watchdog on every rank of a multi-rank run (zerolite/watchdog/)."""
+    watchdog_heartbeat_timeout_s: float = 20.0
+    """A rank whose heartbeat is older than this is declared hung (stopped or dead)."""
+    watchdog_stall_timeout_s: float = 45.0
+    """Floor of the no-progress limit: a rank that entered no collective for
+    max(this, watchdog_stall_step_factor x the slowest step seen) is declared hung."""
+    watchdog_stall_step_factor: float = 5.0
+    """Multiple of the slowest observed step time a rank may go without progress."""
+    watchdog_interval_s: float = 1.0
+    """Seconds between heartbeats (and between checks of the others)."""
 
     def __post_init__(self):
         p = self._PATH
@@ -315,6 +326,16 @@ class ZeroliteExtrasConfig(Section):
         self.quantized_block_size = bs
         self.quantized_error_feedback = check_bool(f"{p}.quantized_error_feedback",
                                                    self.quantized_error_feedback)
+        self.watchdog = check_bool(f"{p}.watchdog", self.watchdog)
+        for name in ("watchdog_heartbeat_timeout_s", "watchdog_stall_timeout_s",
+                     "watchdog_interval_s"):
+            setattr(self, name, check_float(f"{p}.{name}", getattr(self, name), gt=0))
+        self.watchdog_stall_step_factor = check_float(
+            f"{p}.watchdog_stall_step_factor", self.watchdog_stall_step_factor, ge=1)
+        if self.watchdog_interval_s * 3 > self.watchdog_heartbeat_timeout_s:
+            fail(f"{p}.watchdog_interval_s", self.watchdog_interval_s,
+                 f"at most a third of watchdog_heartbeat_timeout_s "
+                 f"({self.watchdog_heartbeat_timeout_s}), or one late beat reads as a hang")
         up = self.unit_policy
         if up is not None:
             if not isinstance(up, (list, tuple)) or not all(isinstance(s, str) and s for s in up):

@@ -31,6 +31,9 @@ def _child(fn, rank, world_size, port, conn, comm_timeout_s, args, kwargs):
                           WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world_size))
         torch.set_num_threads(1)
+        # Note: the watchdog is off here unless asked for: this harness already kills every
+        # rank at the first failure, and its rank 0 (the store host) ends with os._exit.
+        os.environ.setdefault("ZEROLITE_WATCHDOG", "0")
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=comm_timeout_s))
         result = fn(rank, world_size, *args, **kwargs)

@@ -10,6 +10,7 @@ import enum
 import torch
 import torch.nn as nn
 
+from zerolite.comm.last_collective import RECORD as LAST
 from zerolite.errors import ZeroliteStateError
 from zerolite.zero.flat_param import FlatParam
 
@@ -58,6 +59,7 @@ class Unit:
             if not async_op:
                 self.wait_gathered()
             return
+        LAST.next_unit = self.name
         with torch.no_grad():
             self._gather_works = [gatherer.start(flat) for flat in self.flats]
         self.state = UnitState.GATHERING
@@ -95,6 +97,7 @@ class Unit:
         buf = flat.take_grad_buffer()
         if flat.master is None:
             return None  # grads of params that are not optimized are dropped
+        LAST.next_unit = self.name
         return reducer.start(flat, buf), flat
 
     def __repr__(self):
