@@ -227,22 +227,47 @@ def test_consolidate_sharded_bf16_cli(ckpt2, tmp_path):
     assert r.returncode == 1 and "'zzz'" in r.stderr and "['a', 'b']" in r.stderr
 
 
-def _sixteen_bit(rank, world, out_dir):
-    engine = _engine(world, bf16=True)
-    train_engine(engine, _batches()[:2], rank, world)
+GATHER_16BIT = {"stage3_gather_16bit_weights_on_model_save": True}
+
+
+def _sixteen_bit(rank, world, out_dir, bf16, gather_key):
+    zero = {"stage": 3, **({} if gather_key is None else
+                           {"stage3_gather_16bit_weights_on_model_save": gather_key})}
+    engine = _engine(world, bf16=bf16, zero_optimization=zero)
+    train_engine(engine, _batches()[:4], rank, world)
     sd = engine._zero3_consolidated_16bit_state_dict()
-    assert engine.save_16bit_model(out_dir) is True
-    return sd
+    return sd, engine.save_16bit_model(out_dir)
 
 
-def test_save_16bit_model(tmp_path):
-    sd = run_ranks(_sixteen_bit, 2, str(tmp_path))
-    assert sd[1] == {}
-    sd = sd[0]
+def test_save_16bit_model_holds_the_trained_weights(tmp_path):
+    """fp32 run: the file holds what single-process PyTorch trained on the same batches."""
+    ref_losses, ref_params = train_reference(tiny_gpt(), _batches()[:4], adamw, clip=CLIP)
+    (sd, saved), (sd1, saved1) = run_ranks(_sixteen_bit, 2, str(tmp_path), False, True)
+    assert saved is saved1 is True and sd1 == {}
+    on_disk = load_file(tmp_path / "model.safetensors")
+    assert on_disk.keys() == ref_params.keys()
+    for name, ref in ref_params.items():
+        # atol as test_parity_stage3 (Adam on near-zero grads: fp32 summation-order noise)
+        torch.testing.assert_close(on_disk[name], ref, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+def test_save_16bit_model_bf16_file(tmp_path):
+    sd, saved = run_ranks(_sixteen_bit, 2, str(tmp_path), True, True)[0]
+    assert saved is True
     on_disk = load_file(tmp_path / "model.safetensors")
     assert on_disk.keys() == sd.keys() == GPT(TINY).state_dict().keys()
-    assert all(v.dtype == torch.bfloat16 and torch.equal(on_disk[k], v) for k, v in sd.items())
+    assert all(v.dtype == torch.bfloat16 for v in on_disk.values())
     GPT(TINY).load_state_dict(on_disk, strict=True)
+
+
+@pytest.mark.parametrize("gather_key", [False, None])
+def test_save_16bit_model_at_stage3_needs_the_gather_key(tmp_path, gather_key):
+    """As DeepSpeed: without stage3_gather_16bit_weights_on_model_save (default false) stage
+    3 saves nothing and returns False on every rank."""
+    results = run_ranks(_sixteen_bit, 2, str(tmp_path), False, gather_key)
+    assert [saved for _, saved in results] == [False, False]
+    assert not (tmp_path / "model.safetensors").exists()
 
 
 # -- bad input ------------------------------------------------------------------------------

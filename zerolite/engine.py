@@ -401,6 +401,15 @@ class ZeroEngine:
                          exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import save_16bit_model
 
+        zc = self._config.zero_optimization
+        if zc.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
+            # As DeepSpeed: at stage 3 the full model is only gathered when asked for.
+            if self.rank == 0:
+                logger.warning("zerolite: save_16bit_model(%s) did not save: "
+                               "zero_optimization.stage3_gather_16bit_weights_on_model_save is "
+                               "false (set it true, or save_checkpoint + `zerolite consolidate`)",
+                               save_dir)
+            return False
         set_phase("checkpoint")
         with watchdog.suspended():
             return save_16bit_model(self, save_dir, save_filename,
