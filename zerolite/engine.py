@@ -14,10 +14,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_map
 
-from zerolite import watchdog
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
-from zerolite.comm.last_collective import RECORD as LAST
-from zerolite.comm.last_collective import set_phase
+from zerolite.comm.last_collective import RECORD as LAST, set_phase
 from zerolite.errors import ZeroliteStateError
 from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
@@ -371,11 +369,9 @@ class ZeroEngine:
                         exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import save_checkpoint
 
-        set_phase("checkpoint")
-        with watchdog.suspended():  # file I/O takes as long as it takes, on some ranks more
-            return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
-                                   save_latest=save_latest,
-                                   exclude_frozen_parameters=exclude_frozen_parameters)
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                               save_latest=save_latest,
+                               exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
@@ -384,13 +380,10 @@ class ZeroEngine:
 
         if custom_load_fn is not None:
             raise ZeroliteStateError("load_checkpoint(custom_load_fn=...) is not supported")
-        set_phase("checkpoint")
-        with watchdog.suspended():
-            return load_checkpoint(self, load_dir, tag=tag,
-                                   load_module_strict=load_module_strict,
-                                   load_optimizer_states=load_optimizer_states,
-                                   load_lr_scheduler_states=load_lr_scheduler_states,
-                                   load_module_only=load_module_only)
+        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+                               load_optimizer_states=load_optimizer_states,
+                               load_lr_scheduler_states=load_lr_scheduler_states,
+                               load_module_only=load_module_only)
 
     def _zero3_consolidated_16bit_state_dict(self):
         from zerolite.checkpoint import consolidated_16bit_state_dict
@@ -399,18 +392,9 @@ class ZeroEngine:
 
     def save_16bit_model(self, save_dir, save_filename: str = "model.safetensors",
                          exclude_frozen_parameters: bool = False):
-        from zerolite.checkpoint import save_16bit_model
+        from zerolite.checkpoint import save_16bit_model, stage3_16bit_save_off
 
-        zc = self._config.zero_optimization
-        if zc.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
-            # As DeepSpeed: at stage 3 the full model is only gathered when asked for.
-            if self.rank == 0:
-                logger.warning("zerolite: save_16bit_model(%s) did not save: "
-                               "zero_optimization.stage3_gather_16bit_weights_on_model_save is "
-                               "false (set it true, or save_checkpoint + `zerolite consolidate`)",
-                               save_dir)
+        if stage3_16bit_save_off(self, save_dir):
             return False
-        set_phase("checkpoint")
-        with watchdog.suspended():
-            return save_16bit_model(self, save_dir, save_filename,
-                                    exclude_frozen_parameters=exclude_frozen_parameters)
+        return save_16bit_model(self, save_dir, save_filename,
+                                exclude_frozen_parameters=exclude_frozen_parameters)

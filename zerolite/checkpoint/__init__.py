@@ -17,6 +17,7 @@ Guarantees (see format.py for the file layout):
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -28,6 +29,13 @@ from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.load import load_checkpoint
 from zerolite.checkpoint.save import persistent_buffers, save_checkpoint
 from zerolite.comm.collectives import gather_full_flat
+from zerolite.watchdog import checkpoint_io
+
+# Note: checkpoint I/O runs with the watchdog's stall check suspended (heartbeats go on).
+save_checkpoint = checkpoint_io(save_checkpoint)
+load_checkpoint = checkpoint_io(load_checkpoint)
+
+logger = logging.getLogger("zerolite")
 
 __all__ = ["save_checkpoint", "load_checkpoint", "consolidated_16bit_state_dict",
            "save_16bit_model", "consolidate_checkpoint", "get_fp32_state_dict",
@@ -58,6 +66,19 @@ def consolidated_16bit_state_dict(engine, exclude_frozen_parameters: bool = Fals
     return out
 
 
+def stage3_16bit_save_off(engine, save_dir) -> bool:
+    """True (and a warning on rank 0) where engine.save_16bit_model saves nothing: as in
+    DeepSpeed, stage 3 gathers the full model only with stage3_gather_16bit_weights_on_model_save."""
+    zc = engine._config.zero_optimization
+    if zc.stage != 3 or zc.stage3_gather_16bit_weights_on_model_save:
+        return False
+    if engine.rank == 0:
+        logger.warning("zerolite: save_16bit_model(%s) saved nothing: zero_optimization."
+                       "stage3_gather_16bit_weights_on_model_save is false", save_dir)
+    return True
+
+
+@checkpoint_io
 @torch.no_grad()
 def save_16bit_model(engine, save_dir, save_filename="model.safetensors",
                      exclude_frozen_parameters=False):

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import sys
 import traceback
 
+from zerolite.comm.last_collective import set_phase
 from zerolite.errors import ZeroliteError
 from zerolite.watchdog.heartbeat import Watchdog, connect_store
 from zerolite.watchdog.judge import Settings
@@ -114,6 +116,18 @@ def suspended():
     finally:
         if wd is not None:
             wd.suspended -= 1
+
+
+def checkpoint_io(method):
+    """Engine checkpoint methods: phase "checkpoint", no stall verdicts while inside (file
+    I/O takes as long as it takes, on some ranks longer than on others)."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        set_phase("checkpoint")
+        with suspended():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 def active() -> Watchdog | None:
