@@ -4,7 +4,8 @@ limit, with the failed/hung rank named in one `zerolite watchdog` line per live 
 Limits (zerolite.testing.faults.FAST_LIMITS): heartbeat 3 s, stall floor 5 s, beat 0.5 s;
 the collective timeout is 120 s, so a test job that ends fast was ended by the watchdog.
 Note: each test starts torchrun and two ranks (~10 s of imports on an idle 2-core machine,
-~20 s under load); the fault itself is detected in 1-7 s.
+~20 s under load); the fault itself is detected in 1-7 s. The stall cases (deadlock, skipped
+collective, slow-but-healthy) are marked slow: `make test-slow`.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def test_sigstop_of_one_rank_is_declared_hung_and_killed():
     assert "SIGKILLed 1 process(es)" in run.output, run.output  # the stopped one
 
 
+@pytest.mark.slow  # 15-45 s: a launcher start plus the stall limit
 def test_deadlocked_main_thread_is_declared_hung_with_its_stack():
     # Limits from the zerolite.watchdog_* config keys, none from the environment: with the
     # defaults (45 s floor) this would not end within FAULT_TO_EXIT_S.
@@ -66,6 +68,7 @@ def test_deadlocked_main_thread_is_declared_hung_with_its_stack():
     assert "in inject" in run.output  # the hung rank dumped where its main thread is
 
 
+@pytest.mark.slow  # 15-45 s: a launcher start plus the stall limit
 def test_rank_that_skips_a_collective_is_named():
     run = run_fault("skip")
     lines = named(run, 1, "hung: no progress")
@@ -75,6 +78,7 @@ def test_rank_that_skips_a_collective_is_named():
     assert b == a + 1, lines[0]
 
 
+@pytest.mark.slow  # 15-45 s: a launcher start plus the stall limit
 def test_slow_but_healthy_step_is_not_killed():
     # Steps of ~1 s make the limit max(3 s floor, 5 x 1 s) = 5 s; one 4 s step on rank 1
     # is over the floor but within the step-relative limit, so the run must finish.
