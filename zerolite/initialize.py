@@ -58,7 +58,7 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
                           args=args)
     watchdog.start(cfg.zerolite, dist.get_rank(), dist.get_world_size())
     ignored = accepted_ignored_keys(cfg)
-    if ignored:
+    if ignored and dist.get_rank() == 0:  # one line per job, not one per rank
         logger.warning("zerolite: these config keys are accepted but have no effect here: %s",
                        ", ".join(ignored))
     engine = ZeroEngine(model, cfg, model_parameters=model_parameters, optimizer=optimizer,

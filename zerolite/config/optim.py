@@ -142,6 +142,10 @@ class OptimizerConfig:
         p = self.params
         if self.type == "SGD" and p.get("nesterov") and (p.get("momentum", 0) <= 0 or p.get("dampening", 0) != 0):
             fail_msg("optimizer.params.nesterov", "true requires momentum > 0 and dampening 0")
+        if self.type in ("Adam", "AdamW") and p.get("bias_correction") is False:
+            fail_msg("optimizer.params.bias_correction", "false is not supported: zerolite's "
+                     "Adam/AdamW always correct the moment bias (as torch.optim does); remove "
+                     "the key or set it true")
         if self.type == "AdamW" and p.get("adam_w_mode") is False:
             # Note: DeepSpeed always uses decoupled weight decay for AdamW, whatever adam_w_mode says.
             logger.warning("zerolite config: optimizer.params.adam_w_mode=false is ignored for AdamW")

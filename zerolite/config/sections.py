@@ -247,6 +247,8 @@ class ZeroOptimizationConfig(Section):
                     fail(f"{p}.{name}", value, "-1 (MiCS sharding is not supported by zerolite)")
             elif isinstance(self.__dataclass_fields__[name].default, bool):
                 setattr(self, name, check_bool(f"{p}.{name}", value))
+            elif name == "sub_group_size":  # DeepSpeed divides by it: 0 is not "off"
+                setattr(self, name, check_int(f"{p}.{name}", value, gt=0))
             else:
                 setattr(self, name, check_int(f"{p}.{name}", value, ge=0))
         self.offload_param = _parse_offload(f"{p}.offload_param", "offload_param", self.offload_param)
