@@ -3,16 +3,22 @@
 Prints the resolved config, the batch triangle and a per-rank model-state memory estimate for
 ZeRO stages 0-3 (the table in DESIGN.md).
 
-Bytes per parameter Ψ (Adam/AdamW; N = world size):
+Bytes per parameter Ψ that zerolite holds (Adam/AdamW; N = world size), checked against
+engine.memory_stats() of real runs (tests/test_memory_estimate.py):
 
-    mixed precision (fp16/bf16): 2 param + 2 grad + 12 optimizer (fp32 master 4 + exp_avg 4
-    + exp_avg_sq 4)
-        stage 0: 16Ψ   stage 1: 4Ψ + 12Ψ/N   stage 2: 2Ψ + 14Ψ/N   stage 3: 16Ψ/N
+    mixed precision (fp16/bf16): params 2 (16-bit shard; stages 0-2 also keep the full
+    16-bit params), grads 4 (zerolite keeps fp32 gradients, not 16-bit ones), optimizer 12
+    (fp32 master 4 + exp_avg 4 + exp_avg_sq 4)
+        stage 0: 20Ψ   stage 1: 6Ψ + 14Ψ/N   stage 2: 2Ψ + 18Ψ/N   stage 3: 18Ψ/N
 
-    fp32: 4 param + 4 grad + 8 optimizer (exp_avg + exp_avg_sq). There is no separate master
-    copy: zerolite keeps the fp32 master AS the param shard (FlatParam.shard is master.data,
-    see zerolite/zero/flat_param.py), so the total is also 16 bytes per parameter.
-        stage 0: 16Ψ   stage 1: 8Ψ + 8Ψ/N    stage 2: 4Ψ + 12Ψ/N   stage 3: 16Ψ/N
+    fp32: params 4 (the fp32 master IS the param shard: FlatParam.shard is master.data; stages
+    0-2 also keep the full params), grads 4, optimizer 8 (exp_avg + exp_avg_sq)
+        stage 0: 20Ψ   stage 1: 8Ψ + 12Ψ/N   stage 2: 4Ψ + 16Ψ/N   stage 3: 16Ψ/N
+
+Note: DESIGN.md's table (16Ψ at stage 0, 16Ψ/N at stage 3 with 16-bit grads) is DeepSpeed's
+accounting. zerolite differs in two places: gradients are fp32 (reduced and accumulated in
+fp32: +2Ψ or +2Ψ/N in mixed precision), and at stages 0-2 the full compute-dtype params sit
+next to the shard (stage 0: one extra full copy; stages 1-2: an extra 1/N).
 
 Stage 3 also holds the units gathered at the moment (reported separately). Activations,
 temporary buffers and the CUDA/allocator overhead are not included.
@@ -29,10 +35,25 @@ import warnings
 MIB = 1024 ** 2
 GIB = 1024 ** 3
 
-# (param, grad, optimizer) bytes per parameter, and which of them stages 1/2/3 shard.
-_BYTES = {"mixed": (2, 2, 12), "fp32": (4, 4, 8)}
-_SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"),
-            3: ("optimizer", "grads", "params")}
+# part -> bytes per parameter as (unsharded, sharded over N), by precision kind and stage.
+_C = {"mixed": 2, "fp32": 4}
+"""Compute-dtype bytes; for fp32 the param shard is the master (counted under params)."""
+_OPTIM = {"mixed": 12, "fp32": 8}
+
+
+def _layout(kind: str, stage: int) -> dict[str, tuple[int, int]]:
+    c = _C[kind]
+    if stage == 0:  # nothing sharded: full params + a full shard (= the master for fp32)
+        params = (2 * c, 0)
+    elif stage < 3:  # full params kept gathered, plus this rank's shard
+        params = (c, c)
+    else:
+        params = (0, c)
+    grads = (4, 0) if stage < 2 else (0, 4)  # fp32 (stage 1: the full accumulation buffer)
+    optimizer = (_OPTIM[kind], 0) if stage == 0 else (0, _OPTIM[kind])
+    return {"params": params, "grads": grads, "optimizer": optimizer}
+
+
 _PRECISIONS = {"fp16": "mixed", "bf16": "mixed", "mixed": "mixed", "fp32": "fp32"}
 
 
@@ -44,23 +65,17 @@ def estimate_model_state_bytes(num_params: int, world_size: int, stage: int,
     "grads", "optimizer" (fp32 master + Adam moments), "total" (floats, bytes) and "formula"
     (e.g. "4Ψ + 12Ψ/N"). Excludes activations and stage 3's gathered units.
     """
-    if stage not in _SHARDED:
+    if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
     if precision not in _PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
     if world_size < 1 or num_params < 0:
         raise ValueError("world_size must be >= 1 and num_params >= 0")
-    kind = _PRECISIONS[precision]
-    per = dict(zip(("params", "grads", "optimizer"), _BYTES[kind]))
     out: dict = {}
     full = shard = 0
-    for part, b in per.items():
-        if part in _SHARDED[stage]:
-            out[part] = b * num_params / world_size
-            shard += b
-        else:
-            out[part] = float(b * num_params)
-            full += b
+    for part, (unsharded, sharded) in _layout(_PRECISIONS[precision], stage).items():
+        out[part] = float(unsharded * num_params) + sharded * num_params / world_size
+        full, shard = full + unsharded, shard + sharded
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     terms = ([f"{full}Ψ"] if full else []) + ([f"{shard}Ψ/N"] if shard else [])
     out["formula"] = " + ".join(terms)
