@@ -140,11 +140,81 @@ def test_zero_init_params_before_initialize(world):
                                    ref.blocks[1].fc.weight.detach(), rtol=0, atol=0)
 
 
-def test_external_parameter_calls_are_accepted():
+class _ExternalUser(torch.nn.Module):
+    """A block whose forward reads a parameter it does not own (its owner's `scale`)."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self._owner = [owner]  # a list: not a submodule, so `scale` is external to this block
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x) * self._owner[0].scale)
+
+
+class _ExternalModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 16))
+        self.blocks = torch.nn.ModuleList([_ExternalUser(self) for _ in range(2)])
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x, y):
+        for block in self.blocks:
+            x = block(x)
+        return torch.nn.functional.mse_loss(self.head(x), y)
+
+
+def _external_data():
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(8, 16, generator=g), torch.randn(8, 1, generator=g)) for _ in range(4)]
+
+
+def _external_train(rank, world):
+    torch.manual_seed(0)
+    model = _ExternalModel()
+    for block in model.blocks:  # what a DeepSpeed user writes; zerolite needs no action
+        zerolite.zero.register_external_parameter(block, model.scale)
+    cfg = {"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"lr": 0.2}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                 "stage3_max_reuse_distance": 0}}
+    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    losses = []
+    for x, y in _external_data():
+        lo = rank * 8 // world
+        loss = engine(x[lo:lo + 8 // world], y[lo:lo + 8 // world])
+        engine.backward(loss)
+        engine.step()
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total)
+        losses.append(total.item() / world)
+    return losses, gather_full_state_dict(engine.sharded)
+
+
+def test_parameter_used_outside_its_module_trains_like_reference():
+    """register_external_parameter is a no-op because a root parameter read inside a block
+    is gathered with the root unit (its docstring's claim): stage 3 matches plain PyTorch."""
+    torch.manual_seed(0)
+    ref = _ExternalModel()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.2)
+    ref_losses = []
+    for x, y in _external_data():
+        loss = ref(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(loss.item())
+    losses, state = run_ranks(_external_train, 2)[0]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    for name, value in ref.state_dict().items():
+        torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_external_parameter_calls_leave_plain_params_alone():
     m = torch.nn.Linear(2, 2)
+    before = m.weight.detach().clone()
     zerolite.zero.register_external_parameter(m, m.weight)
     zerolite.zero.unregister_external_parameter(m, m.weight)
-    with GatheredParameters(m.weight, enabled=False):  # plain params: nothing to do
-        pass
-    with GatheredParameters([m.weight, None]):
-        assert m.weight.shape == (2, 2)
+    with GatheredParameters([m.weight, None], modifier_rank=0):  # plain params, 1 process
+        m.weight.data.add_(1.0)
+    assert torch.equal(m.weight, before + 1.0) and isinstance(m.weight, torch.nn.Parameter)
