@@ -55,9 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from zerolite.host_memory import fix_mmap_threshold
-
-    fix_mmap_threshold()  # zerolite sets this itself; give every engine the same allocator
+    # Note: no allocator setting here; every engine runs as its users run it.
     E.init_process_group(args.engine)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

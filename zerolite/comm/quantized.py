@@ -179,8 +179,7 @@ class QuantizedParamGatherer(ParamGatherer):
     def start(self, flat):
         full = flat.alloc_full()
         if flat.partitions == 1:
-            full.copy_(flat.shard)
-            return None
+            return None  # the shard is the full buffer (FlatParam.full_is_shard)
         parts, n = flat.partitions, flat.shard_numel
         codes, scales = quantize_chunks(flat.shard.reshape(1, -1), self.bits, self.block_size)
         all_codes = torch.empty((parts, codes.shape[1]), dtype=codes.dtype, device=codes.device)

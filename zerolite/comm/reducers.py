@@ -87,7 +87,6 @@ class ParamGatherer:
     def start(self, flat):
         full = flat.alloc_full()
         if flat.partitions == 1:
-            full.copy_(flat.shard)
-            return None
+            return None  # the shard is the full buffer (FlatParam.full_is_shard)
         self.bytes_sent["all_gather"] += flat.shard.numel() * flat.shard.element_size()
         return all_gather_flat(full, flat.shard, async_op=True)

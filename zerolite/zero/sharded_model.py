@@ -10,17 +10,20 @@ One engine, four stages (DESIGN.md):
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
 from zerolite.comm.reducers import GradReducer, ParamGatherer
 from zerolite.errors import ZeroliteConfigError
+from zerolite.zero.buffer_pool import BufferPool
 from zerolite.zero.flat_param import FlatParam
 from zerolite.zero.hooks import install_hooks
 from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
 from zerolite.zero.grad_reduction import GradReduction
 from zerolite.zero.residency import Residency
+from zerolite.zero.saved_views import SavedViewHooks
 from zerolite.zero.step_stats import StatsRecorder
 from zerolite.zero.unit import Unit, UnitState
 
@@ -88,6 +91,7 @@ class ShardedModel:
                 raise ZeroliteConfigError(f"parameter {names[p][0]!r} has dtype {p.dtype}; "
                                           "zerolite shards floating-point parameters only")
         self._cast_buffers(module, compute_dtype)
+        self.pool = BufferPool()
         per_unit: list[list[nn.Parameter]] = [[] for _ in range(len(unit_modules) + 1)]
         for p in names:  # model order
             per_unit[owner[p]].append(p)
@@ -95,6 +99,9 @@ class ShardedModel:
         for index, params in enumerate(per_unit):
             name, mod = ("", module) if index == 0 else unit_modules[index - 1]
             self.units.append(Unit(index, name, mod, self._build_flats(params, names, group_of)))
+        self._unit_of = {id(f): u for u in self.units for f in u.flats}
+        self.saved_views = SavedViewHooks(self.pool, self._regather_for_backward)
+        self._views_active = False
         self.in_backward = False
         self.stats = StatsRecorder(trace=options.trace)
         self.residency = Residency(self.units, self.gatherer, stage=self.stage,
@@ -133,7 +140,7 @@ class ShardedModel:
             group = group_of.get(p) if p.requires_grad else None
             buckets.setdefault((group, p.requires_grad), []).append((names[p], p))
         return [FlatParam(items, rank=self.rank, partitions=self.partitions,
-                          compute_dtype=self.compute_dtype, group_index=group)
+                          compute_dtype=self.compute_dtype, group_index=group, pool=self.pool)
                 for (group, _), items in buckets.items()]
 
     # -- queries -----------------------------------------------------------------------
@@ -152,8 +159,28 @@ class ShardedModel:
     def gathered_nbytes(self) -> int:
         return sum(u.full_nbytes for u in self.units if u.state is not UnitState.SHARDED)
 
+    # -- saved tensors ------------------------------------------------------------------
+    @contextmanager
+    def forward_context(self):
+        """Run a forward with the saved-view hooks (the engine's forward does), so autograd
+        never pins a pooled buffer (saved_views.py)."""
+        with self.saved_views.context():
+            self._views_active = True
+            try:
+                yield
+            finally:
+                self._views_active = False
+
+    def _regather_for_backward(self, flat: FlatParam) -> None:
+        self.residency.ensure_gathered(self._unit_of[id(flat)], None)
+
     # -- forward / backward events (called from hooks) ---------------------------------
     def before_unit_forward(self, unit: Unit) -> None:
+        if unit.is_root and not self._views_active and torch.is_grad_enabled() \
+                and not self.in_backward:
+            # The module was called directly, not through the engine: autograd may keep
+            # views into pooled buffers until backward, so none is reused until then.
+            self.pool.reuse_blocked = True
         if self.in_backward:  # a recompute (activation checkpointing) inside backward
             self.residency.ensure_gathered(unit, None)
             return
@@ -213,6 +240,7 @@ class ShardedModel:
             flat.grads_ready = 0
         self.residency.scheduler.end_step()
         self.in_backward = False
+        self.pool.reuse_blocked = False
 
     def reduce_deferred_grads(self) -> None:
         """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
