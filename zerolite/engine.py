@@ -80,7 +80,9 @@ class ZeroEngine:
         self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
                                     world_size=self.world_size,
-                                    options=ShardingOptions.from_config(zc),
+                                    options=ShardingOptions.from_config(
+                                        zc, reduce_once_per_step=config.zerolite
+                                        .reduce_once_per_step),
                                     unit_policy=policy,
                                     reducer=build_grad_reducer(config, self.world_size),
                                     gatherer=build_param_gatherer(config))
@@ -164,6 +166,7 @@ class ZeroEngine:
         if self.loss_scaler is not None:
             scaled = scaled.float() * self.loss_scaler.loss_scale
         start = time.perf_counter()
+        self.sharded.at_boundary = self.is_gradient_accumulation_boundary()
         scaled.backward(retain_graph=retain_graph)
         self.sharded.finish_backward()
         self._window.backward_s += time.perf_counter() - start

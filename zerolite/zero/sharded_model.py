@@ -59,16 +59,22 @@ class ShardingOptions:
     """stage3_param_persistence_threshold: units this small (numel) are never released."""
     reduce_bucket_numel: int = 500_000_000
     """reduce_bucket_size: elements of full gradient buffers allowed in flight."""
+    reduce_once_per_step: bool = False
+    """zerolite.reduce_once_per_step: with gradient accumulation, keep full fp32 gradients
+    across micro-steps and reduce them once, in the boundary micro-step's backward (stages
+    2-3; stage 1 always does). Costs 4 bytes x parameters per rank while accumulating."""
     trace: bool = False
     """Record a timeline of compute and communication events (StepStats.events)."""
 
     @classmethod
-    def from_config(cls, zc, trace: bool = False) -> "ShardingOptions":
+    def from_config(cls, zc, trace: bool = False, reduce_once_per_step: bool = False
+                    ) -> "ShardingOptions":
         return cls(stage=zc.stage, prefetch_numel=zc.stage3_prefetch_bucket_size,
                    max_live_numel=zc.stage3_max_live_parameters,
                    max_reuse_distance=zc.stage3_max_reuse_distance,
                    persistence_threshold=zc.stage3_param_persistence_threshold,
-                   reduce_bucket_numel=zc.reduce_bucket_size, trace=trace)
+                   reduce_bucket_numel=zc.reduce_bucket_size,
+                   reduce_once_per_step=reduce_once_per_step, trace=trace)
 
 
 class ShardedModel:
@@ -81,6 +87,10 @@ class ShardedModel:
         self.options = options
         self.stage = options.stage
         self.defer_reduce = self.stage == 1
+        """Stage 1 (and no_sync): accumulate full grads, reduce at the optimizer step."""
+        self.reduce_once_per_step = options.reduce_once_per_step
+        self.at_boundary = True
+        """Set by the engine before each backward: is this the accumulation boundary?"""
         self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype
@@ -219,10 +229,18 @@ class ShardedModel:
         unit.pending_input_grads -= 1
         self._maybe_release_after_backward(unit)
 
+    @property
+    def deferring(self) -> bool:
+        """Gradients of this backward stay in the full buffers (reduced later)."""
+        return self.defer_reduce or (self.reduce_once_per_step and not self.at_boundary)
+
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None:
         self.in_backward = True
-        if flat.take_param_grad(index) and not self.defer_reduce:
-            self.reduction.launch(unit, flat)
+        if flat.take_param_grad(index):
+            if self.deferring:
+                unit.reduced_flats += 1  # done for this micro-step; reduced at the boundary
+            else:
+                self.reduction.launch(unit, flat)
             self._maybe_release_after_backward(unit)
 
     def _maybe_release_after_backward(self, unit: Unit) -> None:
@@ -232,7 +250,7 @@ class ShardedModel:
 
     def finish_backward(self) -> None:
         """Reduce what is left, wait for every reduction, release, roll the order record."""
-        if not self.defer_reduce:
+        if not self.deferring:
             self.reduction.drain(self.units)
         for unit in self.units:
             unit.pending_input_grads = 0
