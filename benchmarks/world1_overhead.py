@@ -9,6 +9,7 @@ all of them; the report gives per-variant medians over rounds of the per-run med
 
     python benchmarks/world1_overhead.py [--rounds 3] [--steps 6] [--warmup 2]
         [--variants plain,zerolite,zerolite_mmap1m] [--out benchmarks/results/world1.json]
+        [--profile benchmarks/results/world1_profile.txt]
 
 Variants: plain (torch only); zerolite (the engine as it ships); zerolite_mmap1m (the user
 opts in to zerolite.host_memory.fix_mmap_threshold() before initialize);
@@ -51,7 +52,20 @@ def _batches(n: int, vocab: int, seq: int):
     return out
 
 
-def run_one(variant: str, steps: int, warmup: int) -> dict:
+def _profile(variant: str, step, data, warmup: int) -> dict:
+    """torch.profiler over the timed steps: the ops and zerolite:: labels by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for x, y in data[:warmup]:
+        step(x, y)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for x, y in data[warmup:]:
+            step(x, y)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    return {"variant": variant, "profile_table": table}
+
+
+def run_one(variant: str, steps: int, warmup: int, profile: bool = False) -> dict:
     """One variant in this process (called in a fresh child)."""
     import torch
 
@@ -92,8 +106,11 @@ def run_one(variant: str, steps: int, warmup: int) -> dict:
             engine.step()
             return loss
     times, cpu, losses = [], [], []
+    data = _batches(warmup + steps, cfg.vocab_size, cfg.seq_len)
+    if profile:
+        return _profile(variant, step, data, warmup)
     with RssSampler() as rss:
-        for i, (x, y) in enumerate(_batches(warmup + steps, cfg.vocab_size, cfg.seq_len)):
+        for i, (x, y) in enumerate(data):
             t0, c0 = time.perf_counter(), time.process_time()
             loss = step(x, y)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
@@ -107,15 +124,16 @@ def run_one(variant: str, steps: int, warmup: int) -> dict:
             "losses": losses, "loadavg_1m": os.getloadavg()[0]}
 
 
-def _child(variant: str, steps: int, warmup: int) -> dict:
+def _child(variant: str, steps: int, warmup: int, profile: str | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), env.get("PYTHONPATH")] if p)
     env.pop("ZEROLITE_KEEP_MALLOC", None)
     if variant == "zerolite_keep_malloc":
         env["ZEROLITE_KEEP_MALLOC"] = "1"
+    extra = ["--profile", profile] if profile else []
     r = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(steps),
-                        "--warmup", str(warmup)], env=env, cwd=REPO, capture_output=True,
-                       text=True, timeout=1800)
+                        "--warmup", str(warmup), *extra], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"{variant} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -128,15 +146,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--variants", default="plain,zerolite,zerolite_mmap1m")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "world1.json"))
+    ap.add_argument("--profile", metavar="FILE", help="profile each variant once (torch.profiler, "
+                    "self CPU time) into FILE instead of timing")
     ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(run_one(args.child, args.steps, args.warmup)))
+        print(json.dumps(run_one(args.child, args.steps, args.warmup, bool(args.profile))))
         return {}
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}; choose from {','.join(VARIANTS)}")
+    if args.profile:
+        tables = [_child(v, args.steps, args.warmup, args.profile)["profile_table"]
+                  for v in variants]
+        Path(args.profile).write_text("".join(f"## {v}\n{t}\n" for v, t in zip(variants, tables)))
+        print(f"[world1] wrote {args.profile}")
+        return {}
     runs = []
     for rnd in range(args.rounds):
         for v in variants:

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from benchmarks.peers import configs as C
 from benchmarks.peers import workload as W
 
-ENGINES = ("zerolite3", "zerolite2", "fsdp2", "ddp", "deepspeed")
+ENGINES = ("zerolite3", "zerolite2", "zerolite3_once", "fsdp2", "ddp", "deepspeed")
+"""zerolite3_once: zerolite ZeRO-3 with the user's opt-in zerolite.reduce_once_per_step."""
 
 
 @dataclass
@@ -46,8 +47,10 @@ def build(engine: str, model: torch.nn.Module, size: W.Size, dtype: str, world: 
     bf16 = dtype == "bf16"
     cfg = C.ds_config(config, micro=micro, gas=gas, bf16=bf16, hidden=size.d_model,
                       block_numel=_block_numel(model),
-                      stage=int(engine[-1]) if engine.startswith("zerolite") else 3)
-    if engine in ("zerolite3", "zerolite2"):
+                      stage=2 if engine == "zerolite2" else 3)
+    if engine == "zerolite3_once":
+        cfg["zerolite"] = {"reduce_once_per_step": True}
+    if engine.startswith("zerolite"):
         return _zerolite(model, cfg, gas)
     if engine == "fsdp2":
         return _fsdp2(model, bf16, world, gas)
@@ -99,7 +102,8 @@ def _zerolite(model, cfg, gas) -> Engine:
 
     zc = cfg["zero_optimization"]
     return Engine(step, comm=lambda: dict(last),
-                  notes="zero " + ", ".join(f"{k}={v}" for k, v in zc.items()))
+                  notes="zero " + ", ".join(f"{k}={v}" for k, v in zc.items())
+                  + (" + zerolite.reduce_once_per_step" if "zerolite" in cfg else ""))
 
 
 def _fsdp2(model, bf16, world, gas) -> Engine:

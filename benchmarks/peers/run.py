@@ -29,7 +29,8 @@ from benchmarks.peers.engines import ENGINES
 from benchmarks.peers.png import bar_chart
 
 REPO = Path(__file__).resolve().parents[2]
-COLORS = {"zerolite3": (31, 119, 180), "zerolite2": (114, 177, 230), "fsdp2": (255, 127, 14),
+COLORS = {"zerolite3": (31, 119, 180), "zerolite2": (114, 177, 230),
+          "zerolite3_once": (23, 190, 207), "fsdp2": (255, 127, 14),
           "ddp": (44, 160, 44), "deepspeed": (214, 39, 40)}
 
 
@@ -60,8 +61,11 @@ def _run(cmd: list[str], timeout: float, log: Path) -> tuple[bool, str]:
         except subprocess.TimeoutExpired:
             return False, f"timed out after {timeout:.0f} s (log {log})"
     if r.returncode != 0:
-        tail = log.read_text().strip().splitlines()[-3:]
-        return False, f"exit {r.returncode}: " + " | ".join(tail)
+        text = log.read_text().strip().splitlines()
+        # torchrun's summary banner says little: keep the lines that name the failure.
+        keys = ("Error", "error:", "terminate", "Signal", "signal", "Traceback")
+        named = [ln.strip() for ln in text if any(k in ln for k in keys)][-4:]
+        return False, f"exit {r.returncode}: " + " | ".join(named or text[-3:])
     return True, f"{time.perf_counter() - t0:.1f} s"
 
 

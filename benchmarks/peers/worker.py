@@ -7,6 +7,7 @@ python -m torch.distributed.run --standalone --nproc_per_node W -m benchmarks.pe
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -138,6 +139,10 @@ def main(argv=None) -> None:
         with open(tmp, "w") as f:
             json.dump(out, f, indent=1)
         os.replace(tmp, args.out)
+    # Note: drop the engine (DDP's C++ reducer, FSDP2's hooks, DeepSpeed's engine) before the
+    # process group it holds is destroyed, not at interpreter exit after it.
+    del engine
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
