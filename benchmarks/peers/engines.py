@@ -84,8 +84,10 @@ def _zerolite(model, cfg, gas) -> Engine:
 
     engine, *_ = zerolite.initialize(model=model, config=cfg)
     last = {}
+    counters = (engine.sharded.reducer.bytes_sent, engine.sharded.gatherer.bytes_sent)
 
     def step(x, y):
+        sent0 = sum(sum(c.values()) for c in counters)
         total = 0.0
         for xm, ym in _micro_batches(x, y, gas):
             loss = engine(xm, ym)
@@ -97,7 +99,8 @@ def _zerolite(model, cfg, gas) -> Engine:
                     reduce_scatter_s=s.reduce_scatter_s,
                     reduce_scatter_wait_s=s.reduce_scatter_wait_s,
                     exposed_s=s.all_gather_wait_s + s.reduce_scatter_wait_s,
-                    peak_live_bytes=s.peak_live_bytes)
+                    peak_live_bytes=s.peak_live_bytes,
+                    own_bytes_sent=sum(sum(c.values()) for c in counters) - sent0)
         return total / gas
 
     zc = cfg["zero_optimization"]
