@@ -132,7 +132,7 @@ def _parse_params(path: str, given: Any, spec: dict, ctx: ParseContext, auto_rul
             ctx.unknown.append(kp)
             out[key] = value  # Note: kept as given; DeepSpeed passes unknown params through.
             continue
-        out[key] = _check_param(kp, spec[key][1], value)
+        out[key] = value  # checked once, by the section's __post_init__
     for key, (default, _kind) in spec.items():
         if key not in out:
             if default is REQUIRED:
