@@ -230,11 +230,12 @@ def write_png(path: Path, report: dict) -> None:
     bar_chart(str(path), cells, peers, panels, RATIO_COLORS)
 
 
-def load_merged(files: list[str]) -> tuple[list[dict], dict]:
+def load_merged(files: list[str], refs_only: bool = False) -> tuple[list[dict], dict]:
     results, refs = [], {}
     for f in files:
         old = json.loads(Path(f).read_text())
-        results += [r for r in old["results"] if r["status"] == "ok"]
+        if not refs_only:
+            results += [r for r in old["results"] if r["status"] == "ok"]
         for key, ref in old["references"].items():
             size, dtype = key.split("/")
             if ref.get("losses"):
@@ -253,6 +254,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--merge", default="", help="comma-separated result JSONs to reuse")
+    ap.add_argument("--merge-refs", default="", help="result JSONs whose references to reuse")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--name", default="peers", help="output file stem")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job")
@@ -275,6 +277,8 @@ def main(argv=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     notes, skipped = [], {}
     results, refs = load_merged([f for f in args.merge.split(",") if f])
+    refs = {**load_merged([f for f in args.merge_refs.split(",") if f], refs_only=True)[1],
+            **refs}
     done = {(r["engine"], *cell(r)) for r in results}
     if "deepspeed" in engines:
         ok, msg = deepspeed_available()
