@@ -66,16 +66,18 @@ def consolidated_16bit_state_dict(engine, exclude_frozen_parameters: bool = Fals
     return out
 
 
-def stage3_16bit_save_off(engine, save_dir) -> bool:
-    """True (and a warning on rank 0) where engine.save_16bit_model saves nothing: as in
-    DeepSpeed, stage 3 gathers the full model only with stage3_gather_16bit_weights_on_model_save."""
+def save_16bit_model_as_configured(engine, save_dir, save_filename="model.safetensors",
+                                   exclude_frozen_parameters=False) -> bool:
+    """engine.save_16bit_model: as in DeepSpeed, stage 3 gathers and saves the full model only
+    with stage3_gather_16bit_weights_on_model_save; otherwise a warning and False."""
     zc = engine._config.zero_optimization
-    if zc.stage != 3 or zc.stage3_gather_16bit_weights_on_model_save:
+    if zc.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
+        if engine.rank == 0:
+            logger.warning("zerolite: save_16bit_model(%s) saved nothing: zero_optimization."
+                           "stage3_gather_16bit_weights_on_model_save is false", save_dir)
         return False
-    if engine.rank == 0:
-        logger.warning("zerolite: save_16bit_model(%s) saved nothing: zero_optimization."
-                       "stage3_gather_16bit_weights_on_model_save is false", save_dir)
-    return True
+    return save_16bit_model(engine, save_dir, save_filename,
+                            exclude_frozen_parameters=exclude_frozen_parameters)
 
 
 @checkpoint_io

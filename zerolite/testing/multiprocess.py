@@ -78,16 +78,23 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 120.0,
                 failure = (f"timed out after {timeout_s:.0f}s; ranks still running: "
                            f"{sorted(pending.values())}")
                 break
+            ready = []
             for conn in wait(list(pending), timeout=left):
                 rank = pending.pop(conn)
                 try:
-                    status, payload = pickle.loads(conn.recv_bytes())
+                    ready.append((rank, *pickle.loads(conn.recv_bytes())))
                 except EOFError:
-                    status, payload = "error", f"rank {rank} died (exit code {procs[rank].exitcode})"
+                    procs[rank].join(timeout=5)
+                    ready.append((rank, "died", f"rank {rank} died (exit code "
+                                                f"{procs[rank].exitcode})"))
+            # Note: a rank that died makes its peers raise "Connection reset" at about the same
+            # moment; report the death (the cause), not whichever message was read first.
+            ready.sort(key=lambda r: r[1] != "died")
+            for rank, status, payload in ready:
                 if status == "ok":
                     results[rank] = payload
                 elif failure is None:
-                    failure = f"rank {rank} failed:\n{payload}"
+                    failure = payload if status == "died" else f"rank {rank} failed:\n{payload}"
     finally:
         for p in procs:
             if p.is_alive() and failure is not None:
