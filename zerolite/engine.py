@@ -15,6 +15,8 @@ import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
+from zerolite.device import default_device, make_device_layer
+from zerolite.device.placement import place_module
 from zerolite.errors import ZeroliteStateError
 from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
@@ -65,10 +67,15 @@ class ZeroEngine:
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
         self._config = config
-        if not any(p.is_cuda for p in model.parameters()):
+        self.device = default_device()
+        """DeepSpeed's choice: cuda:LOCAL_RANK where CUDA is usable, else cpu; the module,
+        its flats, shards and masters live there (inputs are the caller's to move)."""
+        place_module(model, self.device)
+        if self.device.type == "cpu":
             fix_mmap_threshold()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self.device_layer = make_device_layer(self.device)
         zc = config.zero_optimization
         if unit_policy is None and config.zerolite.unit_policy:
             policy = policy_from_classes(config.zerolite.unit_policy)
@@ -215,7 +222,7 @@ class ZeroEngine:
         loss = None
         if w.losses:  # collected on every rank for exactly the logged steps: one all-reduce
             total = torch.tensor(sum(w.losses) / len(w.losses), dtype=torch.float64,
-                                 device=self.sharded.flats[0].shard.device)
+                                 device=self.device)
             if self.world_size > 1:
                 dist.all_reduce(total)
             loss = total.item() / self.world_size
@@ -244,7 +251,8 @@ class ZeroEngine:
         # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
         # The float64 sum of squares is non-finite iff some element is (fp32 squares cannot
         # overflow float64), so the all-reduced norm doubles as the fp16 overflow check.
-        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1)
+        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1,
+                                device=self.device)
         if self.loss_scaler is not None:
             scale = self.loss_scaler.loss_scale
             overflow = not math.isfinite(norm)
