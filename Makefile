@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-slow bench bench-peers clean
+.PHONY: setup demo test test-slow bench bench-peers gpu-check clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,13 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m benchmarks.peers.run \
 		--sizes 20M,80M --worlds 2 --dtypes fp32 --steps 6 --warmup 2
+
+# On one CUDA GPU, within ~8 minutes: the cuda tests, kernel GB/s, prefetch on/off with a
+# profiler trace and timeline, all under benchmarks/results/gpu_check/ (summary.md). Without
+# CUDA it says so and exits 0.
+gpu-check: $(STAMP)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/gpu_check.py \
+		--out benchmarks/results/gpu_check
 
 clean:
 	rm -rf $(VENV) build *.egg-info
