@@ -52,6 +52,16 @@ def test_buffer_not_rewritten_before_consumer_is_done(eager):
     assert backend.happens_before(last_read, backend.index_of("all_gather u2"))
 
 
+def test_deferred_finish_waits_for_compute_again():
+    # gloo: the dequantization runs at wait time and may reuse the memory of a buffer
+    # released after the submit; compute's reads of that buffer must be done first.
+    backend, layer = _layer(eager=False)
+    ticket = _gather(backend, layer, "u2")
+    last_read = backend.op("forward u1")  # then u1 is released
+    ticket.wait()
+    assert backend.happens_before(last_read, backend.index_of("dequant u2"))
+
+
 @pytest.mark.parametrize("eager", [True, False], ids=["nccl", "gloo"])
 def test_reduce_reads_finished_grads_and_keeps_buffer(eager):
     backend, layer = _layer(eager)

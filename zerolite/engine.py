@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
+from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
 from zerolite.device import default_device, make_device_layer
 from zerolite.device.placement import place_module
 from zerolite.errors import ZeroliteStateError
@@ -92,8 +93,11 @@ class ZeroEngine:
                                     world_size=self.world_size,
                                     options=ShardingOptions.from_config(zc),
                                     unit_policy=policy,
-                                    reducer=build_grad_reducer(config, self.world_size),
-                                    gatherer=build_param_gatherer(config))
+                                    reducer=StreamedReducer(
+                                        build_grad_reducer(config, self.world_size),
+                                        self.device_layer),
+                                    gatherer=StreamedGatherer(build_param_gatherer(config),
+                                                              self.device_layer))
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,

@@ -14,6 +14,9 @@ Rules (each one is an event wait; tests/test_device_layer.py drops each in turn)
             dequantization or qgZ dequantize-sum) is done, a "ready" event is recorded on
             the side stream; `Ticket.wait()` makes the compute stream wait for it before
             the result is used.
+  consumed  (again) A finishing step deferred to `Ticket.wait()` (gloo, below) first waits
+  (late)    for compute once more: it may allocate (dequantize into a fresh buffer), and a
+            block freed since the submit could still be read by compute work issued after it.
   keep      Buffers the side stream reads but compute allocated (a full gradient buffer)
             are held by the ticket until the compute stream has waited for "ready": only
             then can a compute-stream allocation reuse their memory.
@@ -44,9 +47,12 @@ class Ticket:
         self._done_on_side = False
         self._waited = False
 
-    def _complete_on_side(self) -> None:
+    def _complete_on_side(self, at_submit: bool = False) -> None:
         backend = self._side.backend
+        late = None if at_submit else backend.record()  # see "consumed (late)"
         with backend.use_stream(self._side.stream):
+            if late is not None:
+                backend.wait(late, self._side.stream)
             for work in self._works:
                 work.wait()
             self._result = self._finish(self._value) if self._finish else self._value
@@ -81,6 +87,8 @@ class SideStream:
         self.group = group
         """Process group for this stream's collectives (None: the default group)."""
         self.stream = backend.new_stream(name)
+        self.submitted = 0
+        """Submits so far (tests and telemetry)."""
         self.marks: list = []
         """(name, start mark, end mark) of finished submits, for timing (see DeviceLayer)."""
 
@@ -96,8 +104,9 @@ class SideStream:
             works, value = start()
         ticket = Ticket(self, [w for w in works if w is not None], value, finish, keep)
         ticket._begin, ticket._name = begin, name
+        self.submitted += 1
         if self.eager:
-            ticket._complete_on_side()
+            ticket._complete_on_side(at_submit=True)
         return ticket
 
     def end_mark(self, ticket: Ticket) -> None:
