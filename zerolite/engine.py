@@ -15,9 +15,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
-from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
-from zerolite.device import default_device, make_device_layer
-from zerolite.device.placement import place_module
+from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.errors import ZeroliteStateError
 from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
@@ -68,9 +66,7 @@ class ZeroEngine:
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
         self._config = config
-        self.device = default_device()
-        """DeepSpeed's choice: cuda:LOCAL_RANK where CUDA is usable, else cpu; the module,
-        its flats, shards and masters live there (inputs are the caller's to move)."""
+        self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
         place_module(model, self.device)
         if self.device.type == "cpu":
             fix_mmap_threshold()
@@ -93,11 +89,9 @@ class ZeroEngine:
                                     world_size=self.world_size,
                                     options=ShardingOptions.from_config(zc),
                                     unit_policy=policy,
-                                    reducer=StreamedReducer(
-                                        build_grad_reducer(config, self.world_size),
-                                        self.device_layer),
-                                    gatherer=StreamedGatherer(build_param_gatherer(config),
-                                                              self.device_layer))
+                                    reducer=build_grad_reducer(config, self.world_size,
+                                                               self.device_layer),
+                                    gatherer=build_param_gatherer(config, self.device_layer))
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
@@ -255,8 +249,7 @@ class ZeroEngine:
         # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
         # The float64 sum of squares is non-finite iff some element is (fp32 squares cannot
         # overflow float64), so the all-reduced norm doubles as the fp16 overflow check.
-        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1,
-                                device=self.device)
+        norm = global_grad_norm(grads, self.sharded.partitions > 1, device=self.device)
         if self.loss_scaler is not None:
             scale = self.loss_scaler.loss_scale
             overflow = not math.isfinite(norm)

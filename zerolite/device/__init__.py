@@ -12,9 +12,10 @@ import torch
 
 from zerolite.device.backends import CudaBackend, HostBackend, backend_for
 from zerolite.device.layer import DeviceLayer, SideStream, Ticket, Timer
+from zerolite.device.placement import place_module
 
 __all__ = ["default_device", "DeviceLayer", "SideStream", "Ticket", "Timer", "HostBackend",
-           "CudaBackend", "backend_for", "make_device_layer"]
+           "CudaBackend", "backend_for", "make_device_layer", "place_module"]
 
 
 def default_device() -> torch.device:
