@@ -91,7 +91,8 @@ class ZeroEngine:
                                     unit_policy=policy,
                                     reducer=build_grad_reducer(config, self.world_size,
                                                                self.device_layer),
-                                    gatherer=build_param_gatherer(config, self.device_layer))
+                                    gatherer=build_param_gatherer(config, self.device_layer),
+                                    device_layer=self.device_layer)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,

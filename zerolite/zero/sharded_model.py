@@ -72,7 +72,8 @@ class ShardedModel:
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype,
                  group_of: dict[nn.Parameter, int], rank: int, world_size: int,
                  options: ShardingOptions | None = None, unit_policy: UnitPolicy | None = None,
-                 reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None):
+                 reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None,
+                 device_layer=None):
         options = options or ShardingOptions()
         self.module = module
         self.options = options
@@ -98,7 +99,7 @@ class ShardedModel:
             name, mod = ("", module) if index == 0 else unit_modules[index - 1]
             self.units.append(Unit(index, name, mod, self._build_flats(params, names, group_of)))
         self.in_backward = False
-        self.stats = StatsRecorder(trace=options.trace)
+        self.stats = StatsRecorder(trace=options.trace, layer=device_layer)
         self.residency = Residency(self.units, self.gatherer, stage=self.stage,
                                    prefetch_numel=options.prefetch_numel,
                                    max_live_numel=options.max_live_numel,
