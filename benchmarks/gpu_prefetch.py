@@ -3,11 +3,12 @@
     python benchmarks/gpu_prefetch.py --out benchmarks/results/gpu_check/prefetch
 
 Per world size (1: NCCL; 2: two ranks sharing one GPU on gloo, as `harness_mode` picks)
-and prefetch setting: median step time (synchronized), all-gather and exposed-wait time per
-step from StepStats (CUDA-event timers on GPU), and "exposed / all-gather (off)" as in
-benchmarks/test_prefetch_bench.py. For world 1 with prefetch on it also writes one step's
-torch.profiler trace (OUT_trace.json: CPU ops and both CUDA side streams) and the
-StepStats timeline (OUT_timeline.{json,png}, see benchmarks/timeline.py).
+and prefetch setting: median step time (synchronized), the gather-stream time and the
+exposed wait (compute stalled) per step from StepStats -- CUDA events, not host clocks --
+and "exposed / all-gather (off)": exposed time with prefetch on over the gather-stream
+time of the same configuration with prefetch off. For world 1 with prefetch on it also
+writes one step's torch.profiler trace (OUT_trace.json: CPU ops and both CUDA side
+streams) and the StepStats timeline (OUT_timeline.{json,png}, see benchmarks/timeline.py).
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
             stats = [s for r in res for s in r["stats"]]
             rows.append({"world": world, "size": args.size, "prefetch": prefetch,
                          "median_step_s": max(r["median_step_s"] for r in res),
-                         "all_gather_s": statistics.mean(s["all_gather_s"] for s in stats),
+                         "all_gather_s": statistics.mean(s["all_gather_stream_s"] for s in stats),
                          "exposed_s": statistics.mean(s["all_gather_wait_s"] for s in stats),
                          "memory_rank0": res[0]["memory"]})
             if res[0]["events"]:
