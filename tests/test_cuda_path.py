@@ -100,3 +100,13 @@ def test_consolidated_16bit_state_dict_streams_to_cpu():
     assert model_bytes >= 4 * (2 * largest + (1 << 21))  # the bound below can fail
     # one gathered flat at a time (plus allocator rounding), not a copy of the whole model
     assert peak <= 2 * largest + (1 << 21), (peak, largest, model_bytes)
+
+
+def _init_on_cuda(rank, world):
+    with zerolite.zero.Init():
+        model = tiny_gpt()  # modules are built on the CPU; their slices go to the GPU
+    return {str(p.zl_partitioned.local.device) for p in model.parameters()}
+
+
+def test_zero_init_partitions_onto_the_gpu():
+    assert run_ranks(_init_on_cuda, 2, timeout_s=300)[0] == {"cuda:0"}
