@@ -54,16 +54,17 @@ def test_stage3_on_cuda_matches_single_process(world):
 
 
 def test_quantized_training_on_cuda_uses_compiled_kernels():
-    # int8 gradients + int8 weights on the GPU: trains like the exact run within 2%.
+    # int8 gradients + int8 weights on the GPU (2 ranks: at world 1 nothing is quantized):
+    # trains like the exact run within 2%.
     from triton_kernels import dispatch
 
     assert dispatch.use_triton(torch.zeros(1, device="cuda:0"))
-    exact, *_ = run_ranks(_train, 1, {}, timeout_s=600)[0]
+    exact, *_ = run_ranks(_train, 2, {}, timeout_s=600)[0]
     quant = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                                    "stage3_max_reuse_distance": 0,
                                    "zero_quantized_gradients": True,
                                    "zero_quantized_weights": True}}
-    q_losses, *_ = run_ranks(_train, 1, quant, timeout_s=600)[0]
+    q_losses, *_ = run_ranks(_train, 2, quant, timeout_s=600)[0]
     assert abs(q_losses[-1] - exact[-1]) <= 0.02 * exact[-1], (q_losses[-1], exact[-1])
 
 
