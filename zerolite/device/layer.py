@@ -29,6 +29,7 @@ tensors on a one-GPU box) `work.wait()` blocks the host, so it is deferred to
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
 import torch
@@ -39,9 +40,11 @@ from zerolite.device.backends import backend_for
 class Ticket:
     """One piece of side-stream work; `wait()` returns its result, ready for compute."""
 
-    def __init__(self, side: "SideStream", works: list, value: Any, finish, keep: tuple):
+    def __init__(self, side: "SideStream", works: list, value: Any, finish, keep: tuple,
+                 name: str, begin):
         self._side, self._works, self._value, self._finish = side, works, value, finish
         self._keep = keep
+        self.name, self._begin = name, begin
         self._ready = None
         self._result = None
         self._done_on_side = False
@@ -57,7 +60,7 @@ class Ticket:
                 work.wait()
             self._result = self._finish(self._value) if self._finish else self._value
             self._ready = backend.record(self._side.stream)
-            self._side.end_mark(self)
+            self._side.marks.append((self.name, self._begin, backend.mark(self._side.stream)))
         self._done_on_side = True
 
     def is_completed(self) -> bool:
@@ -89,8 +92,9 @@ class SideStream:
         self.stream = backend.new_stream(name)
         self.submitted = 0
         """Submits so far (tests and telemetry)."""
-        self.marks: list = []
-        """(name, start mark, end mark) of finished submits, for timing (see DeviceLayer)."""
+        self.marks: deque = deque(maxlen=4096)
+        """(name, start mark, end mark) of finished submits, drained by
+        DeviceLayer.side_seconds at each step; bounded for loops that never step (eval)."""
 
     def submit(self, start: Callable[[], tuple[list, Any]], finish: Callable[[Any], Any] | None
                = None, keep: tuple = (), name: str = "") -> Ticket:
@@ -102,15 +106,12 @@ class SideStream:
             backend.wait(consumed, self.stream)
             begin = backend.mark(self.stream)
             works, value = start()
-        ticket = Ticket(self, [w for w in works if w is not None], value, finish, keep)
-        ticket._begin, ticket._name = begin, name
+        ticket = Ticket(self, [w for w in works if w is not None], value, finish, keep, name,
+                        begin)
         self.submitted += 1
         if self.eager:
             ticket._complete_on_side(at_submit=True)
         return ticket
-
-    def end_mark(self, ticket: Ticket) -> None:
-        self.marks.append((ticket._name, ticket._begin, self.backend.mark(self.stream)))
 
 
 class Timer:
@@ -163,7 +164,7 @@ class DeviceLayer:
 
     def side_seconds(self, side: SideStream) -> list[tuple[str, float]]:
         """(name, seconds) of each finished submit on `side` since the last call."""
-        marks, side.marks = side.marks, []
+        marks, side.marks = list(side.marks), deque(maxlen=side.marks.maxlen)
         return [(n, self.backend.seconds_between(a, b)) for n, a, b in marks]
 
 
