@@ -132,9 +132,9 @@ class ZeroEngine:
         sched = self._config.scheduler
         if sched is None or self.optimizer is None:
             return None
-        from zerolite.optim.lr_schedules import build_lr_scheduler
+        from zerolite.optim.lr_schedules import build_lr_scheduler_from_config
 
-        return build_lr_scheduler(self.optimizer, sched.type, sched.params)
+        return build_lr_scheduler_from_config(self.optimizer, sched)
 
     def _build_dataloader(self, training_data, collate_fn):
         if training_data is None:
