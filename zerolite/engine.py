@@ -17,7 +17,6 @@ from torch.utils._pytree import tree_map
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.errors import ZeroliteStateError
-from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
@@ -68,8 +67,6 @@ class ZeroEngine:
         self._config = config
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
         place_module(model, self.device)
-        if self.device.type == "cpu":
-            fix_mmap_threshold()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device_layer = make_device_layer(self.device)
@@ -87,7 +84,9 @@ class ZeroEngine:
         self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
                                     world_size=self.world_size,
-                                    options=ShardingOptions.from_config(zc),
+                                    options=ShardingOptions.from_config(
+                                        zc, reduce_once_per_step=config.zerolite
+                                        .reduce_once_per_step),
                                     unit_policy=policy,
                                     reducer=build_grad_reducer(config, self.world_size,
                                                                self.device_layer),
@@ -155,7 +154,8 @@ class ZeroEngine:
         start = time.perf_counter()
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
             args, kwargs = tree_map(_to_half, (args, kwargs))
-        out = self.module(*args, **kwargs)
+        with self.sharded.forward_context():
+            out = self.module(*args, **kwargs)
         self._window.forward_s += time.perf_counter() - start
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
@@ -172,6 +172,7 @@ class ZeroEngine:
         if self.loss_scaler is not None:
             scaled = scaled.float() * self.loss_scaler.loss_scale
         start = time.perf_counter()
+        self.sharded.at_boundary = self.is_gradient_accumulation_boundary()
         scaled.backward(retain_graph=retain_graph)
         self.sharded.finish_backward()
         self._window.backward_s += time.perf_counter() - start

@@ -44,7 +44,7 @@ class GradReduction:
             self._complete(self._queue.popleft())
 
     def _complete(self, item) -> None:
-        pending, flat, start, name = item
+        pending, flat, buf, start, name = item
         with self.stats.timed_wait("reduce_scatter_wait_s"), \
                 record_function(f"zerolite::wait_reduce {name}"):
             shard = pending.wait()
@@ -52,6 +52,8 @@ class GradReduction:
         self.stats.current.reduce_scatter_s += end - start
         self.stats.event("comm", f"reduce {name}", start, end)
         self._inflight_numel -= flat.padded_numel
+        if shard.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
+            flat.pool.give(buf)  # else the shard is the buffer itself (one partition)
         if flat.master.grad is None:
             flat.master.grad = shard
         else:
