@@ -42,7 +42,7 @@ _HONOURED_ZERO = (
     "stage", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
     "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
     "stage3_gather_16bit_weights_on_model_save", "zero_quantized_gradients",
-    "zero_quantized_weights", "reduce_bucket_size",
+    "zero_quantized_weights", "reduce_bucket_size", "offload_optimizer", "sub_group_size",
 )
 """Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
 by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size."""
