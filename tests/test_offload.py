@@ -207,3 +207,23 @@ def test_bad_offload_config_errors_name_the_key(tmp_path):
         run_ranks(_build, 1, _cfg(1, _nvme(tmp_path), sub=0))
     with pytest.raises(ZeroliteConfigError, match="offload_optimizer.nvme_path"):
         load_config(_cfg(1, {"device": "nvme"}), world_size=1)
+
+
+# -- check-config's offload estimate against what a run holds ---------------------------------
+def test_check_config_offload_estimate_matches_a_run(tmp_path, capsys):
+    from zerolite.cli.check_config import count_params, main, summarize
+
+    world = 2
+    cfg_dict = _cfg(world, _nvme(tmp_path / "swap"))
+    stats = run_ranks(_train, world, cfg_dict, 2)[0][2]
+    num = count_params(tiny_gpt())
+    est = summarize(load_config(cfg_dict, world_size=world), num)["memory"]["offload_optimizer"]
+    assert est["nvme"]["host"] == stats["buffer_bytes"]
+    # The run pads each shard to a multiple of the world size: a few elements more.
+    assert 0 <= stats["disk_bytes"] - est["nvme"]["disk"] < 0.01 * est["nvme"]["disk"]
+    assert est["none"]["device"] == est["nvme"]["device"] + est["nvme"]["disk"] / 2
+    path = tmp_path / "ds.json"
+    path.write_text(__import__("json").dumps(cfg_dict))
+    assert main([str(path), "--world-size", "2", "--params", str(num)]) == 0
+    out = capsys.readouterr().out
+    assert "offload_optimizer at stage 3" in out and "nvme" in out.split("offload_optimizer at")[1]
