@@ -206,6 +206,10 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
                                              cfg.world_size, num_params, zc.offload_optimizer,
                                              int(zc.sub_group_size))
     mem["offload_optimizer_in_config"] = (zc.offload_optimizer or {"device": "none"})["device"]
+    if cfg.zerolite.reduce_once_per_step and cfg.gradient_accumulation_steps > 1 \
+            and cfg.zero_optimization.stage >= 2:
+        # Full fp32 gradients of every parameter stay on each rank between micro-steps.
+        mem["reduce_once_per_step_bytes"] = 4 * num_params
     mem["not_included"] = "activations, temporary communication/gradient buffers, allocator overhead"
     out["memory"] = mem
     return out
@@ -240,4 +244,7 @@ def print_summary(summary: dict) -> None:
         mark = " <-" if choice == mem["offload_optimizer_in_config"] else ""
         print(f"  {choice:<8}{_fmt(e['device'])}{_fmt(e['host'])}{_fmt(e['disk'])}{mark}")
     print("  (cpu: implemented for CPU models, where device and host are the same RAM)")
+    if "reduce_once_per_step_bytes" in mem:
+        print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "
+              f"micro-steps: {_fmt(mem['reduce_once_per_step_bytes']).strip()} per rank")
     print(f"  not included: {mem['not_included']}")
