@@ -22,8 +22,8 @@ STEPS, HALF = 6, 3
 SUB = 1000
 
 
-def _cfg(world, offload=None, stage=3, bf16=False, sub=SUB, optimizer=None):
-    cfg = ds_config(world, stage=stage, bf16=bf16)
+def _cfg(world, offload=None, stage=3, bf16=False, sub=SUB, optimizer=None, **extra):
+    cfg = ds_config(world, stage=stage, bf16=bf16, **extra)
     if offload is not None:
         cfg["zero_optimization"].update(offload_optimizer=offload, sub_group_size=sub)
     if optimizer is not None:
@@ -45,7 +45,8 @@ def _train(rank, world, cfg, steps=STEPS):
     engine = _engine(cfg)
     losses = train_engine(engine, batches(steps), rank, world)
     stats = engine.optimizer.offload_stats() if hasattr(engine.optimizer, "offload_stats") else None
-    return losses, gather_full_state_dict(engine.sharded), stats, engine.memory_stats()
+    return (losses, gather_full_state_dict(engine.sharded), stats, engine.memory_stats(),
+            engine.skipped_steps)
 
 
 def _assert_same(a, b):
@@ -74,11 +75,16 @@ def test_nvme_offload_bitwise_equal_to_no_offload_and_tracks_reference(tmp_path,
     assert off[3]["optimizer_state"] == 2 * 2 * SUB * 4 < plain[3]["optimizer_state"]
 
 
-@pytest.mark.parametrize("case", ["bf16", "ratio0.5", "stage2", "stage1", "sgd-momentum",
-                                  "lion", "cpu"])
+@pytest.mark.parametrize("case", ["bf16", "fp16", "warmup-lr", "ratio0.5", "stage2", "stage1",
+                                  "sgd-momentum", "lion", "cpu"])
 def test_offload_variants_bitwise_equal_to_no_offload(tmp_path, case):
-    world, stage, bf16, opt, offload = 2, 3, False, None, _nvme(tmp_path)
-    if case == "bf16":
+    world, stage, bf16, opt, offload, extra = 2, 3, False, None, _nvme(tmp_path), {}
+    if case == "fp16":  # dynamic loss scaling: skipped steps must not touch the files
+        extra = {"fp16": {"enabled": True, "initial_scale_power": 30}}
+    elif case == "warmup-lr":  # the schedule changes lr in the engine's param groups
+        extra = {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4,
+                                                              "warmup_max_lr": 3e-3}}}
+    elif case == "bf16":
         bf16 = True  # the fp32 masters are separate from the bf16 param shards
     elif case == "ratio0.5":
         offload = _nvme(tmp_path, ratio=0.5)
@@ -90,10 +96,12 @@ def test_offload_variants_bitwise_equal_to_no_offload(tmp_path, case):
         opt = {"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.01}}
     else:
         offload = {"device": "cpu"}  # CPU model: the in-memory path
-    plain = run_ranks(_train, world, _cfg(world, stage=stage, bf16=bf16, optimizer=opt))[0]
+    plain = run_ranks(_train, world, _cfg(world, stage=stage, bf16=bf16, optimizer=opt,
+                                          **extra))[0]
     off = run_ranks(_train, world, _cfg(world, offload, stage=stage, bf16=bf16,
-                                        optimizer=opt))[0]
+                                        optimizer=opt, **extra))[0]
     _assert_same(off, plain)
+    assert (off[4] > 0) == (case == "fp16") and off[4] == plain[4]
     if case == "ratio0.5":
         assert 0 < off[2]["chunks_on_disk"] < off[2]["chunks"]
         assert off[2]["resident_state_bytes"] > 0
