@@ -235,3 +235,68 @@ def test_check_config_offload_estimate_matches_a_run(tmp_path, capsys):
     assert main([str(path), "--world-size", "2", "--params", str(num)]) == 0
     out = capsys.readouterr().out
     assert "offload_optimizer at stage 3" in out and "nvme" in out.split("offload_optimizer at")[1]
+
+
+# -- the chunked optimizer on its own (no engine, no processes) -------------------------------
+def _adamw_pair(tmp_path, sub, ratio=1.0):
+    from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(1000)), torch.nn.Parameter(torch.randn(37))
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in (a, b)]
+    base = torch.optim.AdamW([{"params": [a]}, {"params": [b], "weight_decay": 0.0}], lr=0.01)
+    off = ChunkedOffloadOptimizer(base, nvme_path=str(tmp_path), rank=0, sub_group_size=sub,
+                                  ratio=ratio)
+    plain = torch.optim.AdamW([{"params": [ref[0]]}, {"params": [ref[1]], "weight_decay": 0.0}],
+                              lr=0.01)
+    return (a, b), off, ref, plain
+
+
+@pytest.mark.parametrize("sub,ratio", [(7, 1.0), (64, 1.0), (333, 0.5), (10 ** 9, 1.0)])
+def test_chunked_adamw_equals_adamw_and_state_round_trips(tmp_path, sub, ratio):
+    params, off, ref, plain = _adamw_pair(tmp_path, sub, ratio)
+    assert len(off.state) == 0 and params[0] not in off.state
+    for step in range(3):
+        for p, q in zip(params, ref):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g, g.clone()
+        off.param_groups[0]["lr"] = plain.param_groups[0]["lr"] = 0.01 / (step + 1)
+        off.step()
+        plain.step()
+    for p, q in zip(params, ref):
+        assert torch.equal(p, q)
+        got, want = off.state[p], plain.state[q]
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    off.state[params[0]] = {k: (v * 2 if v.dim() else v) for k, v in plain.state[ref[0]].items()}
+    assert torch.equal(off.state[params[0]]["exp_avg"], 2 * plain.state[ref[0]]["exp_avg"])
+    assert off.state.pop(params[1])["exp_avg"].shape == (37,) and params[1] not in off.state
+    assert len(off.state) == 1
+
+
+def test_torn_shard_refuses_reads_but_can_be_dropped_or_replaced(tmp_path):
+    params, off, ref, plain = _adamw_pair(tmp_path, 100)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    off.step()
+    real_write, calls = SwapFiles.write, [0]
+
+    def failing_write(self, *args):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise OSError(5, "Input/output error")
+        return real_write(self, *args)
+
+    SwapFiles.write = failing_write
+    try:
+        with pytest.raises(OSError):
+            off.step()
+    finally:
+        SwapFiles.write = real_write
+    with pytest.raises(ZeroliteError, match="failed half-way"):
+        off.state[params[0]]
+    assert off.state.pop(params[0]) is None and params[0] not in off.state
+    with pytest.raises(ZeroliteError, match="failed half-way"):
+        off.state.get(params[1])
+    good = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(37), "exp_avg_sq": torch.ones(37)}
+    off.state[params[1]] = good
+    assert torch.equal(off.state[params[1]]["exp_avg_sq"], torch.ones(37))

@@ -36,6 +36,7 @@ class _Chunk:
     hi: int
     view: torch.Tensor
     on_disk: bool
+    group: int = 0
     slot: int = 0
     has_state: bool = False
     small: dict = field(default_factory=dict)
@@ -66,6 +67,16 @@ class OffloadedState(MutableMapping):
     def __delitem__(self, master):
         if not self._opt._drop_state(master):
             raise KeyError(master)
+
+    def pop(self, master, *default):
+        # Note: a torn shard can still be dropped (checkpoint load does that); only reading it fails.
+        if master not in self:
+            if default:
+                return default[0]
+            raise KeyError(master)
+        value = None if master in self._opt._torn else self[master]
+        del self[master]
+        return value
 
     def __contains__(self, master):
         chunks = self._opt._by_master.get(master)
@@ -105,7 +116,8 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
                 chunks = self._by_master[master] = []
                 for lo in range(0, master.numel(), sub_group_size):
                     hi = min(lo + sub_group_size, master.numel())
-                    chunks.append(_Chunk(master, key, lo, hi, master.detach()[lo:hi], True))
+                    chunks.append(_Chunk(master, key, lo, hi, master.detach()[lo:hi], True,
+                                         group=len(inner_groups)))
                 self._chunks += chunks
                 views += [c.view for c in chunks]
             inner_groups.append({**{k: v for k, v in group.items() if k != "params"},
@@ -116,6 +128,10 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             c.on_disk = False
         cls = type(base)
         self._inner = cls(inner_groups, **_accepted_kwargs(cls, base.defaults))
+        # Note: each inner step sees only the chunk it updates (see step), so the per-call
+        # bookkeeping of the optimizer does not grow with the number of chunks.
+        for g in self._inner.param_groups:
+            g["params"] = []
         self.state = OffloadedState(self)
         self._names: dict[str, torch.dtype] | None = None
         """Chunk-shaped state entries and their dtypes, learned at the first step."""
@@ -142,8 +158,12 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             if state is not None:
                 self._inner.state[c.view] = {**c.small, **state}
             c.view.grad = c.master.grad[c.lo:c.hi]
-            self._inner.step()
-            c.view.grad = None
+            group = self._inner.param_groups[c.group]
+            group["params"] = [c.view]
+            try:
+                self._inner.step()
+            finally:
+                group["params"], c.view.grad = [], None
             new = self._inner.state.pop(c.view)
             tensors = {k: v for k, v in new.items()
                        if isinstance(v, torch.Tensor) and v.shape == c.view.shape}
