@@ -18,6 +18,7 @@ from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
+from zerolite.offload import wrap_optimizer_for_offload
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
@@ -96,6 +97,7 @@ class ZeroEngine:
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
                                          opt_cfg.params if opt_cfg else None, optimizer, masters)
+        self.optimizer = wrap_optimizer_for_offload(self.optimizer, zc, self.rank)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         if self.optimizer is not None:
             self.optimizer.overflow = False
@@ -359,9 +361,12 @@ class ZeroEngine:
         master = sum(f.master.numel() * 4 for f in self.sharded.flats if f.master is not None
                      and f.master.data_ptr() != f.shard.data_ptr())
         optim = 0
-        for state in (self.optimizer.state.values() if self.optimizer else []):
-            optim += sum(v.numel() * v.element_size() for v in state.values()
-                         if isinstance(v, torch.Tensor))
+        if hasattr(self.optimizer, "resident_state_nbytes"):  # offloaded: only its buffers
+            optim = self.optimizer.resident_state_nbytes()
+        else:
+            for state in (self.optimizer.state.values() if self.optimizer else []):
+                optim += sum(v.numel() * v.element_size() for v in state.values()
+                             if isinstance(v, torch.Tensor))
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes()}
