@@ -457,9 +457,10 @@ def test_key_support_table():
                 "zero_optimization.stage", "zero_optimization.stage3_prefetch_bucket_size",
                 "zero_optimization.stage3_max_reuse_distance", "csv_monitor",
                 "zero_optimization.reduce_bucket_size",
-                "zero_optimization.zero_quantized_gradients", "communication_data_type"):
+                "zero_optimization.zero_quantized_gradients", "communication_data_type",
+                "zero_optimization.offload_optimizer", "zero_optimization.sub_group_size"):
         assert KEY_SUPPORT[key] == "honoured", key
-    for key in ("zero_optimization.overlap_comm", "zero_optimization.offload_optimizer", "zero_optimization.sub_group_size",
+    for key in ("zero_optimization.overlap_comm", "zero_optimization.offload_param",
                 "zero_optimization.round_robin_gradients", "zero_optimization.elastic_checkpoint"):
         assert KEY_SUPPORT[key] == "accepted-ignored", key
 
@@ -471,6 +472,6 @@ def test_accepted_ignored_keys_lists_only_effective_ignored():
                                               "sub_group_size": 1e9, "elastic_checkpoint": False},
                            flops_profiler={"enabled": True}))
     assert accepted_ignored_keys(cfg) == ["zero_optimization.round_robin_gradients",
-                                          "zero_optimization.offload_optimizer", "flops_profiler"]
+                                          "flops_profiler"]
     assert cfg.zero_optimization.offload_optimizer["device"] == "cpu"
     assert cfg.zero_optimization.offload_param is None

@@ -16,8 +16,10 @@ from torch.utils._pytree import tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.comm.last_collective import RECORD as LAST, set_phase
+from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
+from zerolite.offload import wrap_optimizer_for_offload
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
@@ -65,8 +67,11 @@ class ZeroEngine:
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
         self._config = config
+        self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
+        place_module(model, self.device)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self.device_layer = make_device_layer(self.device)
         zc = config.zero_optimization
         if unit_policy is None and config.zerolite.unit_policy:
             policy = policy_from_classes(config.zerolite.unit_policy)
@@ -85,12 +90,15 @@ class ZeroEngine:
                                         zc, reduce_once_per_step=config.zerolite
                                         .reduce_once_per_step),
                                     unit_policy=policy,
-                                    reducer=build_grad_reducer(config, self.world_size),
-                                    gatherer=build_param_gatherer(config))
+                                    reducer=build_grad_reducer(config, self.world_size,
+                                                               self.device_layer),
+                                    gatherer=build_param_gatherer(config, self.device_layer),
+                                    device_layer=self.device_layer)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
                                          opt_cfg.params if opt_cfg else None, optimizer, masters)
+        self.optimizer = wrap_optimizer_for_offload(self.optimizer, zc, self.rank)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         if self.optimizer is not None:
             self.optimizer.overflow = False
@@ -221,7 +229,7 @@ class ZeroEngine:
         loss = None
         if w.losses:  # collected on every rank for exactly the logged steps: one all-reduce
             total = torch.tensor(sum(w.losses) / len(w.losses), dtype=torch.float64,
-                                 device=self.sharded.flats[0].shard.device)
+                                 device=self.device)
             if self.world_size > 1:
                 dist.all_reduce(total)
             loss = total.item() / self.world_size
@@ -250,7 +258,7 @@ class ZeroEngine:
         # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
         # The float64 sum of squares is non-finite iff some element is (fp32 squares cannot
         # overflow float64), so the all-reduced norm doubles as the fp16 overflow check.
-        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1)
+        norm = global_grad_norm(grads, self.sharded.partitions > 1, device=self.device)
         if self.loss_scaler is not None:
             scale = self.loss_scaler.loss_scale
             overflow = not math.isfinite(norm)
@@ -358,9 +366,12 @@ class ZeroEngine:
         master = sum(f.master.numel() * 4 for f in self.sharded.flats if f.master is not None
                      and f.master.data_ptr() != f.shard.data_ptr())
         optim = 0
-        for state in (self.optimizer.state.values() if self.optimizer else []):
-            optim += sum(v.numel() * v.element_size() for v in state.values()
-                         if isinstance(v, torch.Tensor))
+        if hasattr(self.optimizer, "resident_state_nbytes"):  # offloaded: only its buffers
+            optim = self.optimizer.resident_state_nbytes()
+        else:
+            for state in (self.optimizer.state.values() if self.optimizer else []):
+                optim += sum(v.numel() * v.element_size() for v in state.values()
+                             if isinstance(v, torch.Tensor))
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes()}

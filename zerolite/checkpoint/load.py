@@ -205,9 +205,11 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
         state = {}
         src_key, src_lo = pieces[0][2], pieces[0][3]
         first_rank = files.ranks_for(src_key, src_lo, src_lo + 1)[0]
+        # Offloaded state (zerolite.offload) is not reused: reading it would fetch it from disk.
+        have = {} if hasattr(opt, "offload_stats") else opt.state.get(flat.master, {})
         for name, kind in desc["tensors"].items():
             if kind == "shard":
-                old = opt.state.get(flat.master, {}).get(name)
+                old = have.get(name)
                 t = old if isinstance(old, torch.Tensor) and old.shape == dst.shape else \
                     torch.zeros_like(flat.master.data)
                 _fill(files, flat, pieces, f"optim/{name}", t)

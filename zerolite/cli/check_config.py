@@ -214,6 +214,13 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
         mem["stage3_gathered_bytes"] = live * compute_bytes
         mem["stage3_gathered_note"] = ("upper bound from stage3_max_live_parameters; pass "
                                        "--model for a per-unit estimate")
+    from zerolite.offload.placement import offload_bytes
+
+    zc = cfg.zero_optimization
+    mem["offload_optimizer"] = offload_bytes(mem["per_stage"], zc.stage, precision,
+                                             cfg.world_size, num_params, zc.offload_optimizer,
+                                             int(zc.sub_group_size))
+    mem["offload_optimizer_in_config"] = (zc.offload_optimizer or {"device": "none"})["device"]
     if cfg.zerolite.reduce_once_per_step and cfg.gradient_accumulation_steps > 1 \
             and cfg.zero_optimization.stage >= 2:
         # Full fp32 gradients of every parameter stay on each rank between micro-steps.
@@ -246,6 +253,12 @@ def print_summary(summary: dict) -> None:
               f"{_fmt(e['optimizer'])}{_fmt(e['total'])}{mark}")
     print(f"  stage 3 extra, gathered units: {_fmt(mem['stage3_gathered_bytes']).strip()} "
           f"({mem['stage3_gathered_note']})")
+    print(f"\noffload_optimizer at stage {stage}, per rank (device = where the model computes):")
+    print(f"  {'choice':<8}{'device':>14}{'host':>14}{'disk':>14}")
+    for choice, e in mem["offload_optimizer"].items():
+        mark = " <-" if choice == mem["offload_optimizer_in_config"] else ""
+        print(f"  {choice:<8}{_fmt(e['device'])}{_fmt(e['host'])}{_fmt(e['disk'])}{mark}")
+    print("  (cpu: implemented for CPU models, where device and host are the same RAM)")
     if "reduce_once_per_step_bytes" in mem:
         print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "
               f"micro-steps: {_fmt(mem['reduce_once_per_step_bytes']).strip()} per rank")

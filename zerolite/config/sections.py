@@ -177,10 +177,10 @@ class ZeroOptimizationConfig(Section):
     """Load checkpoints saved at another world size (DeepSpeed: no longer supported)."""
     offload_param: dict | None = deepspeed_only(None)
     """Parameter offload block (device cpu/nvme) or None."""
-    offload_optimizer: dict | None = deepspeed_only(None)
-    """Optimizer-state offload block (device cpu/nvme) or None."""
-    sub_group_size: int = deepspeed_only(1_000_000_000)
-    """Tile size for optimizer steps over huge models."""
+    offload_optimizer: dict | None = None
+    """Optimizer-state offload block (device cpu/nvme) or None; see zerolite/offload/."""
+    sub_group_size: int = 1_000_000_000
+    """Elements per chunk of the optimizer step when offload_optimizer.device is nvme."""
     stage3_prefetch_bucket_size: int = 50_000_000
     """Stage 3: parameter elements fetched ahead of use."""
     stage3_param_persistence_threshold: int = 100_000

@@ -1,0 +1,298 @@
+"""An optimizer whose per-element state (Adam's exp_avg / exp_avg_sq, SGD's momentum, ...) lives
+in swap files and is stepped in `sub_group_size`-element chunks.
+
+The update itself is the engine's own optimizer class run on one chunk at a time: every fp32
+master shard is cut into chunk views (`master[lo:hi]`, sharing its storage) and an inner
+instance of the same class holds those views. For each chunk the state is read from disk (the
+next chunk's read runs on an I/O thread meanwhile), put into the inner optimizer's state, the
+inner step runs on that chunk only, and the updated state is written back (write-behind on the
+same thread). Element-wise optimizers give bit-for-bit the update they give on whole shards.
+
+[Note: commit per step] A chunk's new state goes to the other of its two file slots and the
+slot is flipped only when the whole step is done, so files never hold a half-written value.
+If a step fails half-way (the masters are then partly updated), the touched shards are marked
+torn and reading their state (what a checkpoint does) raises until they are loaded again.
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from zerolite.errors import ZeroliteStateError
+from zerolite.offload.swap_files import SwapFiles
+
+
+@dataclass(eq=False)
+class _Chunk:
+    master: nn.Parameter
+    key: str
+    """File-name stem of the master shard this chunk belongs to."""
+    lo: int
+    hi: int
+    view: torch.Tensor
+    on_disk: bool
+    group: int = 0
+    slot: int = 0
+    has_state: bool = False
+    small: dict = field(default_factory=dict)
+    """State entries that are not chunk-shaped (e.g. Adam's step count)."""
+    resident: dict | None = None
+    """Chunk-shaped state kept in memory (chunks beyond `ratio`)."""
+
+
+class OffloadedState(MutableMapping):
+    """`optimizer.state` keyed by master shard, as torch and zerolite.checkpoint expect.
+
+    Reading an entry assembles the whole shard's state from its chunks (a temporary copy);
+    writing one stores it into the chunks' files. Membership tests read nothing.
+    """
+
+    def __init__(self, opt: "ChunkedOffloadOptimizer"):
+        self._opt = opt
+
+    def __getitem__(self, master):
+        state = self._opt._gather_state(master)
+        if state is None:
+            raise KeyError(master)
+        return state
+
+    def __setitem__(self, master, state):
+        self._opt._scatter_state(master, state)
+
+    def __delitem__(self, master):
+        if not self._opt._drop_state(master):
+            raise KeyError(master)
+
+    def pop(self, master, *default):
+        # Note: a torn shard can still be dropped (checkpoint load does that); only reading it fails.
+        if master not in self:
+            if default:
+                return default[0]
+            raise KeyError(master)
+        value = None if master in self._opt._torn else self[master]
+        del self[master]
+        return value
+
+    def __contains__(self, master):
+        chunks = self._opt._by_master.get(master)
+        return bool(chunks) and chunks[0].has_state
+
+    def __iter__(self):
+        return iter([m for m in self._opt._by_master if m in self])
+
+    def __len__(self):
+        return sum(1 for m in self._opt._by_master if m in self)
+
+
+def _accepted_kwargs(cls, params: dict) -> dict:
+    from zerolite.optim.builder import _accepted_kwargs as accepted
+
+    return accepted(cls, params)
+
+
+class ChunkedOffloadOptimizer(torch.optim.Optimizer):
+    """Wraps a freshly built optimizer over fp32 master shards (its state must be empty)."""
+
+    def __init__(self, base: torch.optim.Optimizer, *, nvme_path: str, rank: int,
+                 sub_group_size: int, ratio: float = 1.0, pin_memory: bool = False):
+        if len(base.state):
+            raise ZeroliteStateError("offload_optimizer: the optimizer already has state; "
+                                     "offload must wrap it before the first step")
+        super().__init__(base.param_groups, base.defaults)
+        self._files = SwapFiles(nvme_path, rank)
+        self._pin = pin_memory
+        self._chunks: list[_Chunk] = []
+        self._by_master: dict[nn.Parameter, list[_Chunk]] = {}
+        inner_groups = []
+        for group in self.param_groups:
+            views = []
+            for master in group["params"]:
+                key = f"shard{len(self._by_master)}"
+                chunks = self._by_master[master] = []
+                for lo in range(0, master.numel(), sub_group_size):
+                    hi = min(lo + sub_group_size, master.numel())
+                    chunks.append(_Chunk(master, key, lo, hi, master.detach()[lo:hi], True,
+                                         group=len(inner_groups)))
+                self._chunks += chunks
+                views += [c.view for c in chunks]
+            inner_groups.append({**{k: v for k, v in group.items() if k != "params"},
+                                 "params": views})
+        # `ratio`: the fraction of chunks whose state goes to disk; the rest stay in memory.
+        n_disk = round(ratio * len(self._chunks))
+        for c in self._chunks[n_disk:]:
+            c.on_disk = False
+        cls = type(base)
+        self._inner = cls(inner_groups, **_accepted_kwargs(cls, base.defaults))
+        # Note: each inner step sees only the chunk it updates (see step), so the per-call
+        # bookkeeping of the optimizer does not grow with the number of chunks.
+        for g in self._inner.param_groups:
+            g["params"] = []
+        self.state = OffloadedState(self)
+        self._names: dict[str, torch.dtype] | None = None
+        """Chunk-shaped state entries and their dtypes, learned at the first step."""
+        self._pool: list[dict[str, torch.Tensor]] = []
+        self._torn: set = set()
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="zerolite-offload-io")
+        self._max_chunk = max((c.hi - c.lo for c in self._chunks), default=0)
+        weakref.finalize(self, _close, self._io, self._files)
+
+    # -- the step --------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for outer, inner in zip(self.param_groups, self._inner.param_groups):
+            inner.update({k: v for k, v in outer.items() if k != "params"})
+        work = [c for c in self._chunks if c.master.grad is not None]
+        self._torn |= {c.master for c in work}
+        loads = {0: self._io.submit(self._load, work[0], 0)} if work else {}
+        writes = []
+        for i, c in enumerate(work):
+            if i + 1 < len(work) and self._pool:
+                loads[i + 1] = self._io.submit(self._load, work[i + 1], (i + 1) % 2)
+            state = loads.pop(i).result() if i in loads else self._load(c, i % 2)
+            if state is not None:
+                self._inner.state[c.view] = {**c.small, **state}
+            c.view.grad = c.master.grad[c.lo:c.hi]
+            group = self._inner.param_groups[c.group]
+            group["params"] = [c.view]
+            try:
+                self._inner.step()
+            finally:
+                group["params"], c.view.grad = [], None
+            new = self._inner.state.pop(c.view)
+            tensors = {k: v for k, v in new.items()
+                       if isinstance(v, torch.Tensor) and v.shape == c.view.shape}
+            c.small = {k: v for k, v in new.items() if k not in tensors}
+            self._learn_names(tensors)
+            if c.on_disk:
+                writes.append(self._io.submit(self._store, c, tensors, 1 - c.slot))
+            else:
+                c.resident = tensors
+        for w in writes:
+            w.result()
+        for c in work:
+            c.slot = 1 - c.slot if c.on_disk else c.slot
+            c.has_state = True
+        self._torn -= {c.master for c in work}
+        return loss
+
+    def _learn_names(self, tensors: dict) -> None:
+        if self._names is None:
+            self._names = {k: v.dtype for k, v in tensors.items()}
+            for _ in range(2):  # the chunk being updated + the one being read ahead
+                self._pool.append({k: _host_buffer(self._max_chunk, dt, self._pin)
+                                   for k, dt in self._names.items()})
+
+    def _load(self, c: _Chunk, pool_index: int) -> dict | None:
+        if not c.has_state:
+            return None
+        if not c.on_disk:
+            return c.resident
+        out = {}
+        for name, buf in self._pool[pool_index].items():
+            t = buf[:c.hi - c.lo]
+            self._files.read(f"{c.key}.{name}", c.slot, c.lo * t.element_size(), t)
+            out[name] = t
+        return _to_compute_device(out, c.view.device)
+
+    def _store(self, c: _Chunk, tensors: dict, slot: int) -> None:
+        for name, t in tensors.items():
+            t = t.cpu() if t.device.type != "cpu" else t
+            self._files.write(f"{c.key}.{name}", slot, c.lo * t.element_size(), t)
+
+    # -- whole-shard state, for checkpoints (OffloadedState) --------------------------------
+    def _gather_state(self, master) -> dict | None:
+        chunks = self._by_master.get(master)
+        if not chunks or not chunks[0].has_state:
+            return None
+        if master in self._torn:
+            raise ZeroliteStateError(
+                "offload_optimizer: the last optimizer step failed half-way, so this shard's "
+                "master and state are partly updated; restart from the last checkpoint")
+        out = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+               for k, v in chunks[0].small.items()}
+        for name, dtype in (self._names or {}).items():
+            full = torch.empty(master.shape, dtype=dtype, device=master.device)
+            for c in chunks:
+                part = full[c.lo:c.hi]
+                if c.on_disk:
+                    host = part if part.device.type == "cpu" else torch.empty_like(part, device="cpu")
+                    self._files.read(f"{c.key}.{name}", c.slot, c.lo * part.element_size(), host)
+                    part.copy_(host)
+                else:
+                    part.copy_(c.resident[name])
+            out[name] = full
+        return out
+
+    def _scatter_state(self, master, state: dict) -> None:
+        chunks = self._by_master.get(master)
+        if chunks is None:
+            raise KeyError(master)
+        whole = {k: v for k, v in state.items()
+                 if isinstance(v, torch.Tensor) and v.shape == master.shape}
+        self._learn_names({k: v[:1] for k, v in whole.items()})
+        if set(whole) != set(self._names):
+            raise ZeroliteStateError(f"offload_optimizer: state entries {sorted(whole)} do not "
+                                     f"match the optimizer's {sorted(self._names)}")
+        for c in chunks:
+            part = {k: v[c.lo:c.hi] for k, v in whole.items()}
+            if c.on_disk:
+                self._store(c, part, 1 - c.slot)
+                c.slot = 1 - c.slot
+            else:
+                c.resident = {k: v.clone() for k, v in part.items()}
+            c.small = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                       for k, v in state.items() if k not in whole}
+            c.has_state = True
+        self._torn.discard(master)
+
+    def _drop_state(self, master) -> bool:
+        chunks = self._by_master.get(master) or []
+        had = bool(chunks) and chunks[0].has_state
+        for c in chunks:
+            c.has_state, c.small, c.resident = False, {}, None
+        self._torn.discard(master)
+        return had
+
+    # -- accounting --------------------------------------------------------------------------
+    def offload_stats(self) -> dict:
+        """Bytes this rank holds in memory for optimizer state and moves to/from disk."""
+        pool = sum(t.numel() * t.element_size() for p in self._pool for t in p.values())
+        resident = sum(t.numel() * t.element_size() for c in self._chunks if c.resident
+                       for t in c.resident.values())
+        return {"chunks": len(self._chunks),
+                "chunks_on_disk": sum(c.on_disk for c in self._chunks),
+                "buffer_bytes": pool, "resident_state_bytes": resident,
+                "disk_bytes": self._files.disk_bytes(), "bytes_read": self._files.bytes_read,
+                "bytes_written": self._files.bytes_written, "swap_dir": self._files.dir}
+
+    def resident_state_nbytes(self) -> int:
+        s = self.offload_stats()
+        return s["buffer_bytes"] + s["resident_state_bytes"]
+
+
+def _host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    # Note: pinning only matters when the masters are on an accelerator; on a CPU-only build
+    # torch refuses pin_memory, so pin_memory is a no-op there.
+    if pin and torch.cuda.is_available():
+        return torch.empty(numel, dtype=dtype, pin_memory=True)
+    return torch.empty(numel, dtype=dtype)
+
+
+def _to_compute_device(state: dict, device: torch.device) -> dict:
+    """Host chunk buffers -> the masters' device. Note: the accelerator branch is written but
+    untested (no GPU on the test machine); the copy blocks so the next read may reuse the
+    host buffer."""
+    if device.type == "cpu":
+        return state
+    return {k: v.to(device) for k, v in state.items()}
+
+
+def _close(io: ThreadPoolExecutor, files: SwapFiles) -> None:
+    io.shutdown(wait=True)
+    files.close()
