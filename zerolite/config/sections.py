@@ -317,6 +317,10 @@ class ZeroliteExtrasConfig(Section):
     """Carry quantization error into the next step's gradients."""
     unit_policy: list | None = None
     """Module class names that form ZeRO-3 gather units; null = zerolite's default policy."""
+    reduce_once_per_step: bool = False
+    """With gradient accumulation at stages 2-3: keep full fp32 gradients across micro-steps
+    and reduce-scatter once per optimizer step instead of every micro-step (FSDP2's
+    set_requires_gradient_sync(False)). Costs 4 bytes x parameters per rank."""
 
     def __post_init__(self):
         p = self._PATH
@@ -331,6 +335,8 @@ class ZeroliteExtrasConfig(Section):
         self.quantized_block_size = bs
         self.quantized_error_feedback = check_bool(f"{p}.quantized_error_feedback",
                                                    self.quantized_error_feedback)
+        self.reduce_once_per_step = check_bool(f"{p}.reduce_once_per_step",
+                                               self.reduce_once_per_step)
         up = self.unit_policy
         if up is not None:
             if not isinstance(up, (list, tuple)) or not all(isinstance(s, str) and s for s in up):
