@@ -155,8 +155,9 @@ def write_markdown(path: Path, report: dict, engines: list[str]) -> None:
              f"clip {W.CLIP} (fp64 norm in every engine). Configs: benchmarks/peers/configs.py.",
              "", "## zerolite ZeRO-3 per cell (ratios: zerolite / peer, same cell, same run)", "",
              "| size | dtype | world | config | mb x gas | zl3 step s | ×DeepSpeed | ×FSDP2 | ×DDP "
-             "| zl3 CPU s/step | CPU ×DS | zl3 RSS MiB | RSS ×DS | RSS ×FSDP2 | zl3 MiB sent/step "
-             "| DS MiB sent | max \\|Δloss\\| zl3 vs DS |", "|" + "---|" * 17]
+             "| zl3 CPU s/step | CPU ×DS | CPU ×FSDP2 | CPU ×DDP | zl3 RSS MiB | RSS ×DS "
+             "| RSS ×FSDP2 | zl3 MiB sent/step | DS MiB sent | max \\|Δloss\\| zl3 vs DS |",
+             "|" + "---|" * 19]
     by_key = {(r["engine"], *cell(r)): r for r in report["results"] if r["status"] == "ok"}
     for c in _cells(report):
         z = by_key.get(("zerolite3", *c))
@@ -168,7 +169,8 @@ def write_markdown(path: Path, report: dict, engines: list[str]) -> None:
             f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {mb}x{c[4]} | {z['median_step_s']:.3f} | "
             f"{_f(z['time_vs_deepspeed'], '{:.2f}')} | {_f(z['time_vs_fsdp2'], '{:.2f}')} | "
             f"{_f(z['time_vs_ddp'], '{:.2f}')} | {_f(z.get('cpu_s_per_step'))} | "
-            f"{_f(z['cpu_vs_deepspeed'], '{:.2f}')} | {z['peak_rss_mib']:.0f} | "
+            f"{_f(z['cpu_vs_deepspeed'], '{:.2f}')} | {_f(z['cpu_vs_fsdp2'], '{:.2f}')} | "
+            f"{_f(z['cpu_vs_ddp'], '{:.2f}')} | {z['peak_rss_mib']:.0f} | "
             f"{_f(z['mem_vs_deepspeed'], '{:.2f}')} | {_f(z['mem_vs_fsdp2'], '{:.2f}')} | "
             f"{z['bytes_sent_per_step'] / 2**20:.1f} | "
             f"{_f(ds['bytes_sent_per_step'] / 2**20 if ds else None, '{:.1f}')} | "
