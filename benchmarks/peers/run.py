@@ -257,6 +257,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--merge", default="", help="comma-separated result JSONs to reuse")
     ap.add_argument("--merge-refs", default="", help="result JSONs whose references to reuse")
+    ap.add_argument("--report-only", action="store_true",
+                    help="write the report of the merged results; run no job")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--name", default="peers", help="output file stem")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job")
@@ -300,7 +302,7 @@ def main(argv=None) -> dict:
         tmp = Path(tmpd)
         for size in sizes:
             for dtype in dtypes:
-                if (size, dtype) not in refs:
+                if (size, dtype) not in refs and not args.report_only:
                     t0 = time.perf_counter()
                     refs[(size, dtype)] = run_reference(size, dtype, args.steps + args.warmup,
                                                         tmp, args.timeout)
@@ -315,7 +317,7 @@ def main(argv=None) -> dict:
                         for engine in engines:
                             for config in (["any"] if engine in CONFIG_FREE else configs):
                                 key = (engine, size, dtype, world, config, gas)
-                                if key in done:
+                                if key in done or args.report_only:
                                     continue
                                 done.add(key)
                                 if engine in skipped:
