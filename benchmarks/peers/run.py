@@ -155,8 +155,9 @@ def write_markdown(path: Path, report: dict, engines: list[str]) -> None:
              f"clip {W.CLIP} (fp64 norm in every engine). Configs: benchmarks/peers/configs.py.",
              "", "## zerolite ZeRO-3 per cell (ratios: zerolite / peer, same cell, same run)", "",
              "| size | dtype | world | config | mb x gas | zl3 step s | ×DeepSpeed | ×FSDP2 | ×DDP "
-             "| zl3 CPU s/step | CPU ×DS | zl3 RSS MiB | RSS ×DS | RSS ×FSDP2 | zl3 MiB sent/step "
-             "| DS MiB sent | max \\|Δloss\\| zl3 vs DS |", "|" + "---|" * 17]
+             "| zl3 CPU s/step | CPU ×DS | CPU ×FSDP2 | CPU ×DDP | zl3 RSS MiB | RSS ×DS "
+             "| RSS ×FSDP2 | zl3 MiB sent/step | DS MiB sent | max \\|Δloss\\| zl3 vs DS |",
+             "|" + "---|" * 19]
     by_key = {(r["engine"], *cell(r)): r for r in report["results"] if r["status"] == "ok"}
     for c in _cells(report):
         z = by_key.get(("zerolite3", *c))
@@ -168,7 +169,8 @@ def write_markdown(path: Path, report: dict, engines: list[str]) -> None:
             f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {mb}x{c[4]} | {z['median_step_s']:.3f} | "
             f"{_f(z['time_vs_deepspeed'], '{:.2f}')} | {_f(z['time_vs_fsdp2'], '{:.2f}')} | "
             f"{_f(z['time_vs_ddp'], '{:.2f}')} | {_f(z.get('cpu_s_per_step'))} | "
-            f"{_f(z['cpu_vs_deepspeed'], '{:.2f}')} | {z['peak_rss_mib']:.0f} | "
+            f"{_f(z['cpu_vs_deepspeed'], '{:.2f}')} | {_f(z['cpu_vs_fsdp2'], '{:.2f}')} | "
+            f"{_f(z['cpu_vs_ddp'], '{:.2f}')} | {z['peak_rss_mib']:.0f} | "
             f"{_f(z['mem_vs_deepspeed'], '{:.2f}')} | {_f(z['mem_vs_fsdp2'], '{:.2f}')} | "
             f"{z['bytes_sent_per_step'] / 2**20:.1f} | "
             f"{_f(ds['bytes_sent_per_step'] / 2**20 if ds else None, '{:.1f}')} | "
@@ -255,6 +257,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--merge", default="", help="comma-separated result JSONs to reuse")
     ap.add_argument("--merge-refs", default="", help="result JSONs whose references to reuse")
+    ap.add_argument("--report-only", action="store_true",
+                    help="write the report of the merged results; run no job")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--name", default="peers", help="output file stem")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job")
@@ -298,7 +302,7 @@ def main(argv=None) -> dict:
         tmp = Path(tmpd)
         for size in sizes:
             for dtype in dtypes:
-                if (size, dtype) not in refs:
+                if (size, dtype) not in refs and not args.report_only:
                     t0 = time.perf_counter()
                     refs[(size, dtype)] = run_reference(size, dtype, args.steps + args.warmup,
                                                         tmp, args.timeout)
@@ -313,7 +317,7 @@ def main(argv=None) -> dict:
                         for engine in engines:
                             for config in (["any"] if engine in CONFIG_FREE else configs):
                                 key = (engine, size, dtype, world, config, gas)
-                                if key in done:
+                                if key in done or args.report_only:
                                     continue
                                 done.add(key)
                                 if engine in skipped:
