@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
+from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.errors import ZeroliteStateError
 from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
@@ -60,7 +61,7 @@ class _StepWindow:
     losses: list = field(default_factory=list)
 
 
-class ZeroEngine:
+class ZeroEngine(DeepSpeedAccessors):
     def __init__(self, model: nn.Module, config, *, model_parameters=None, optimizer=None,
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
@@ -342,10 +343,6 @@ class ZeroEngine:
     def bfloat16_enabled(self) -> bool:
         return self._config.bf16.enabled
 
-    @property
-    def config(self):
-        return self._config
-
     def memory_stats(self) -> dict:
         """This rank's resident memory and what zerolite itself holds, in bytes."""
         shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)
@@ -380,10 +377,10 @@ class ZeroEngine:
                                load_lr_scheduler_states=load_lr_scheduler_states,
                                load_module_only=load_module_only)
 
-    def _zero3_consolidated_16bit_state_dict(self):
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import consolidated_16bit_state_dict
 
-        return consolidated_16bit_state_dict(self)
+        return consolidated_16bit_state_dict(self, exclude_frozen_parameters)
 
     def save_16bit_model(self, save_dir, save_filename: str = "model.safetensors",
                          exclude_frozen_parameters: bool = False):

@@ -1,0 +1,1 @@
+"""`deepspeed.runtime`: engine, lr_schedules, zero.partition_parameters, activation checkpointing."""
