@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib
 
 import zerolite
-from zerolite import add_config_arguments, checkpointing, init_distributed, initialize
+from zerolite import add_config_arguments, checkpointing, init_distributed
 from zerolite.compat import DEEPSPEED_API_VERSION
+from zerolite.compat.deepspeed._initialize import initialize
 from zerolite.compat.deepspeed._refused import (
     DeepSpeedFeatureNotSupported, refused_class, refused_function,
 )
