@@ -10,8 +10,7 @@ from zerolite.config import add_config_arguments
 from zerolite.engine import ZeroEngine
 from zerolite.errors import ZeroliteConfigError, ZeroliteError, ZeroliteStateError
 from zerolite.initialize import initialize
-
-__version__ = "0.1.0"
+from zerolite.version import __version__
 
 __all__ = ["initialize", "zero", "checkpointing", "init_distributed", "add_config_arguments", "ZeroEngine",
            "ZeroliteError", "ZeroliteConfigError", "ZeroliteStateError", "__version__"]

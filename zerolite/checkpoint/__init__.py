@@ -27,7 +27,7 @@ from zerolite.checkpoint.consolidate import (consolidate_checkpoint, get_fp32_st
 from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.load import load_checkpoint
 from zerolite.checkpoint.save import persistent_buffers, save_checkpoint
-from zerolite.comm import all_gather_flat
+from zerolite.comm.collectives import gather_full_flat
 
 __all__ = ["save_checkpoint", "load_checkpoint", "consolidated_16bit_state_dict",
            "save_16bit_model", "consolidate_checkpoint", "get_fp32_state_dict",
@@ -39,9 +39,7 @@ def _gathered_params(engine, exclude_frozen: bool):
     for flat in engine.sharded.flats:
         if exclude_frozen and not flat.requires_grad:
             continue
-        full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.shard.device)
-        all_gather_flat(full, flat.shard.contiguous())
-        yield flat, full
+        yield flat, gather_full_flat(flat.shard, flat.partitions)
 
 
 @torch.no_grad()

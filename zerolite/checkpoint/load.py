@@ -21,6 +21,7 @@ from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.format import (CheckpointFiles, flat_key, param_index, read_meta,
                                         resolve_checkpoint)
 from zerolite.checkpoint.save import persistent_buffers
+from zerolite.zero.shard_math import overlap, rank_range
 
 logger = logging.getLogger("zerolite")
 
@@ -83,9 +84,8 @@ def _plan(engine, meta, strict: bool) -> list[list[tuple[int, int, str, int]]]:
     return plans
 
 
-def _my_range(flat):
-    lo = flat.rank * flat.shard_numel
-    return lo, lo + flat.shard_numel
+def _my_range(flat) -> tuple[int, int]:
+    return rank_range(flat.rank, flat.shard_numel)
 
 
 def _needed_ranks(engine, files: CheckpointFiles, plans) -> set[int]:
@@ -93,9 +93,9 @@ def _needed_ranks(engine, files: CheckpointFiles, plans) -> set[int]:
     for flat, pieces in zip(engine.sharded.flats, plans):
         lo, hi = _my_range(flat)
         for a, b, key, src in pieces:
-            a2, b2 = max(a, lo), min(b, hi)
-            if a2 < b2:
-                need.update(files.ranks_for(key, src + a2 - a, src + b2 - a))
+            part = overlap((a, b), (lo, hi))
+            if part is not None:
+                need.update(files.ranks_for(key, src + part[0] - a, src + part[1] - a))
     return need
 
 
@@ -104,8 +104,9 @@ def _fill(files: CheckpointFiles, flat, pieces, tensor_name: str, dst: torch.Ten
     if hi > flat.numel:  # padding
         dst[max(flat.numel - lo, 0):].zero_()
     for a, b, key, src in pieces:
-        a2, b2 = max(a, lo), min(b, hi)
-        if a2 < b2:
+        part = overlap((a, b), (lo, hi))
+        if part is not None:
+            a2, b2 = part
             files.read_flat_range(key, tensor_name, src + a2 - a, dst[a2 - lo:b2 - lo])
 
 

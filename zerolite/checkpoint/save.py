@@ -14,6 +14,7 @@ from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.format import (FORMAT, LATEST, META, buffers_file_name, check_tag,
                                         dtype_name, flat_key, rank_file_name)
 from zerolite.checkpoint.st_io import fsync_dir, sha256_file, write_file
+from zerolite.version import __version__
 
 logger = logging.getLogger("zerolite")
 
@@ -123,9 +124,7 @@ def _py_state():
 def _versions() -> dict:
     import safetensors
 
-    import zerolite
-
-    return {"zerolite": zerolite.__version__, "torch": torch.__version__,
+    return {"zerolite": __version__, "torch": torch.__version__,
             "safetensors": safetensors.__version__}
 
 

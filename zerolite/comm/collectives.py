@@ -33,6 +33,29 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group=None, async
         return _all_gather_flat(output, shard, group=group, async_op=async_op)
 
 
+def start_full_flat_gather(out: torch.Tensor, shard: torch.Tensor, partitions: int):
+    """Start filling `out` (a flat's full padded buffer) from every rank's equal `shard`.
+
+    `partitions == 1` means nothing is sharded (stage 0): the shard already is the full
+    buffer and is copied. Returns the work handle to wait on, or None when nothing is in
+    flight. This is the one full-flat gather: unit gathers, state dicts, 16-bit checkpoints
+    and zero.Init slices all go through it.
+    """
+    if partitions == 1:
+        out.copy_(shard)
+        return None
+    return all_gather_flat(out, shard.contiguous(), async_op=True)
+
+
+def gather_full_flat(shard: torch.Tensor, partitions: int) -> torch.Tensor:
+    """A new full padded flat gathered from every rank's `shard` (collective, blocking)."""
+    out = torch.empty(shard.numel() * partitions, dtype=shard.dtype, device=shard.device)
+    work = start_full_flat_gather(out, shard, partitions)
+    if work is not None:
+        work.wait()
+    return out
+
+
 def reduce_scatter_flat(output: torch.Tensor, full: torch.Tensor, group=None, async_op=False):
     """Sum `full` over ranks and leave slice `rank` of the sum in `output`."""
     with record_function("zerolite::reduce_scatter"):

@@ -165,7 +165,8 @@ class QuantizedParamGatherer(ParamGatherer):
 
     ZeRO++ quantizes only the forward all-gathers; zerolite applies it to every gather of a
     unit, so the backward re-gathers (stage 3) are quantized too -- forward and backward then
-    see the same weights. Checkpoints and `gather_full_state_dict` use their own exact gather.
+    see the same weights. Checkpoints and `gather_full_state_dict` use the exact
+    `gather_full_flat`.
     `start` returns an object whose `wait()` waits for the codes and scales and then
     dequantizes every rank's chunk (this rank's too, so all ranks compute with identical
     weights) into `flat.full`. Stage 0 (`partitions == 1`) copies exactly.

@@ -12,7 +12,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from zerolite.comm.collectives import all_gather_flat, all_reduce_sum, reduce_scatter_flat
+from zerolite.comm.collectives import all_reduce_sum, reduce_scatter_flat, start_full_flat_gather
 
 
 class PendingReduce:
@@ -85,9 +85,6 @@ class ParamGatherer:
         self.bytes_sent: Counter = Counter()
 
     def start(self, flat):
-        full = flat.alloc_full()
-        if flat.partitions == 1:
-            full.copy_(flat.shard)
-            return None
-        self.bytes_sent["all_gather"] += flat.shard.numel() * flat.shard.element_size()
-        return all_gather_flat(full, flat.shard, async_op=True)
+        if flat.partitions > 1:
+            self.bytes_sent["all_gather"] += flat.shard.numel() * flat.shard.element_size()
+        return start_full_flat_gather(flat.alloc_full(), flat.shard, flat.partitions)

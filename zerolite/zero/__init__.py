@@ -6,7 +6,8 @@
     zerolite.zero.unregister_external_parameter
 
 The names are resolved lazily, so `import zerolite.zero` (and the engine, which imports the
-submodules) stays light.
+submodules) stays light. README.md in this folder draws the layers (each file imports only
+from the ones below it).
 """
 from __future__ import annotations
 

@@ -11,14 +11,14 @@ tensor while sharded (as DeepSpeed does), so names and object identity never cha
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from zerolite.comm import broadcast
-from zerolite.zero.init import copy_full_value
+from zerolite.comm.collectives import broadcast
+from zerolite.zero.sliced_param import copy_full_value
+from zerolite.zero.shard_math import rank_range, shard_numel
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class FlatParam:
             offset += p.numel()
         self.slots: list[ParamSlot] = slots
         self.numel = offset
-        self.shard_numel = max(1, math.ceil(offset / partitions))
+        self.shard_numel = shard_numel(offset, partitions)
         self.padded_numel = self.shard_numel * partitions
 
         # Build the fp32 flat copy from the ORIGINAL values (before any cast to 16 bit),
@@ -66,8 +66,7 @@ class FlatParam:
         for slot, p in zip(slots, self.params):
             copy_full_value(p, flat32[slot.offset:slot.offset + slot.numel])
         broadcast(flat32, src=0)
-        lo = self.rank * self.shard_numel
-        shard32 = flat32[lo:lo + self.shard_numel].clone()
+        shard32 = self.local_shard_of(flat32).clone()
         del flat32
         self.master: nn.Parameter | None = None
         """fp32 master shard the optimizer updates (only for optimized params)."""
@@ -151,8 +150,9 @@ class FlatParam:
         return buf
 
     def local_shard_of(self, flat: torch.Tensor) -> torch.Tensor:
-        lo = self.rank * self.shard_numel
-        return flat[lo:lo + self.shard_numel]
+        """This rank's slice of a full (padded) flat-shaped tensor."""
+        lo, hi = rank_range(self.rank, self.shard_numel)
+        return flat[lo:hi]
 
     def __repr__(self):
         return (f"FlatParam(params={len(self.params)}, numel={self.numel}, "

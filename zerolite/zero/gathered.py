@@ -25,7 +25,9 @@ import torch
 import torch.distributed as dist
 
 from zerolite.errors import ZeroliteConfigError
-from zerolite.zero.init import _broadcast_, gather_partitioned, release_partitioned
+from zerolite.zero.sliced_param import broadcast_, gather_partitioned, release_partitioned
+from zerolite.zero.shard_math import overlap, rank_range
+from zerolite.zero.unit import UnitState
 
 logger = logging.getLogger("zerolite")
 
@@ -69,8 +71,6 @@ class GatheredParameters:
     def __enter__(self):
         if not self.enabled:
             return self
-        from zerolite.zero.unit import UnitState
-
         seen = set()
         for p in self.params:
             handle = getattr(p, "zl_handle", None)
@@ -120,13 +120,15 @@ class GatheredParameters:
                     f"given a value of shape {tuple(value.shape)}; modify it in place instead")
             if value.data_ptr() != full_view.data_ptr() or not value.is_contiguous():
                 full_view.copy_(value.reshape(-1))  # p.data was replaced: take its value
-            _broadcast_(full_view, src=self.modifier_rank)
+            broadcast_(full_view, src=self.modifier_rank)
             # This rank's part of [offset, offset + numel) in flat coordinates.
-            lo = flat.rank * flat.shard_numel
-            a, b = max(slot.offset, lo), min(slot.offset + slot.numel, lo + flat.shard_numel)
+            mine = rank_range(flat.rank, flat.shard_numel)
+            part = overlap((slot.offset, slot.offset + slot.numel), mine)
             target = flat.master if flat.master is not None else flat.shard
-            if a < b:
-                target.data[a - lo:b - lo].copy_(full_view[a - slot.offset:b - slot.offset])
+            if part is not None:
+                a, b = part
+                target.data[a - mine[0]:b - mine[0]].copy_(
+                    full_view[a - slot.offset:b - slot.offset])
             touched[id(flat)] = flat
         for flat in touched.values():
             flat.refresh_shard_from_master()

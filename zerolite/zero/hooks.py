@@ -9,22 +9,43 @@ param grad hook    -> move the grad into the unit's flat grad buffer; when every
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_leaves
 
-if TYPE_CHECKING:
-    from zerolite.zero.sharded_model import ShardedModel
-    from zerolite.zero.unit import Unit
+from zerolite.zero.flat_param import FlatParam
+from zerolite.zero.unit import Unit
+
+
+class UnitEvents(Protocol):
+    """What the hooks report to: the lifecycle owner of the units (ShardedModel).
+
+    Note: declared here, below ShardedModel, so the hooks need not import the model that
+    installs them (that was an import circle, type-only or not).
+    """
+
+    units: list[Unit]
+    in_backward: bool
+    """True from the first backward event until the end of backward."""
+
+    def before_unit_forward(self, unit: Unit) -> None: ...
+
+    def after_unit_forward(self, unit: Unit, needs_backward: bool) -> None: ...
+
+    def before_unit_backward(self, unit: Unit) -> None: ...
+
+    def after_unit_backward(self, unit: Unit) -> None: ...
+
+    def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None: ...
 
 
 def _grad_tensors(obj) -> list[torch.Tensor]:
     return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def install_hooks(model: "ShardedModel") -> list:
+def install_hooks(model: UnitEvents) -> list:
     handles = []
     for unit in model.units:
         handles.append(unit.module.register_forward_pre_hook(
@@ -38,7 +59,7 @@ def install_hooks(model: "ShardedModel") -> list:
     return handles
 
 
-def _make_pre_forward(model: "ShardedModel", unit: "Unit"):
+def _make_pre_forward(model: UnitEvents, unit: Unit):
     def hook(module, args, kwargs):
         model.before_unit_forward(unit)
         inputs = _grad_tensors((args, kwargs))
@@ -52,7 +73,7 @@ def _make_pre_forward(model: "ShardedModel", unit: "Unit"):
     return hook
 
 
-def _make_post_forward(model: "ShardedModel", unit: "Unit"):
+def _make_post_forward(model: UnitEvents, unit: Unit):
     def hook(module, args, kwargs, output):
         outputs = _grad_tensors(output)
         if outputs and torch.is_grad_enabled() and not model.in_backward:
@@ -64,7 +85,7 @@ def _make_post_forward(model: "ShardedModel", unit: "Unit"):
     return hook
 
 
-def _make_grad_hook(model: "ShardedModel", unit: "Unit", flat, index: int):
+def _make_grad_hook(model: UnitEvents, unit: Unit, flat: FlatParam, index: int):
     def hook(param):
         model.on_param_grad(unit, flat, index)
 

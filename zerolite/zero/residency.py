@@ -45,6 +45,10 @@ class Residency:
     def live_numel(self) -> int:
         return sum(self.numels[u.index] for u in self.units if u.state is not UnitState.SHARDED)
 
+    def live_nbytes(self) -> int:
+        """Bytes of full parameter buffers gathered (or being gathered) right now."""
+        return sum(u.full_nbytes for u in self.units if u.state is not UnitState.SHARDED)
+
     def _in_flight_numel(self) -> int:
         return sum(self.numels[u.index] for u in self.units if u.state is UnitState.GATHERING)
 
@@ -52,8 +56,8 @@ class Residency:
         live = self.live_numel()
         if live > self.peak_live_numel:
             self.peak_live_numel = live
-        live_bytes = sum(u.full_nbytes for u in self.units if u.state is not UnitState.SHARDED)
-        self.stats.current.peak_live_bytes = max(self.stats.current.peak_live_bytes, live_bytes)
+        self.stats.current.peak_live_bytes = max(self.stats.current.peak_live_bytes,
+                                                 self.live_nbytes())
 
     # -- gathering ---------------------------------------------------------------------
     def _issue(self, unit: Unit) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 
+from zerolite.comm.collectives import gather_full_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.flat_param import FlatParam
@@ -150,7 +152,7 @@ class ShardedModel:
         return groups
 
     def gathered_nbytes(self) -> int:
-        return sum(u.full_nbytes for u in self.units if u.state is not UnitState.SHARDED)
+        return self.residency.live_nbytes()
 
     # -- forward / backward events (called from hooks) ---------------------------------
     def before_unit_forward(self, unit: Unit) -> None:
@@ -233,16 +235,10 @@ def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> di
     fp32 master values where they exist (`use_master`), otherwise the compute-dtype shard.
     Collective: every rank must call it; every rank gets the result.
     """
-    from zerolite.comm import all_gather_flat
-
     out: dict[str, torch.Tensor] = {}
     for flat in sharded.flats:
         src = flat.master.detach() if (use_master and flat.master is not None) else flat.shard
-        if flat.partitions == 1:
-            full = src.clone()
-        else:
-            full = torch.empty(flat.padded_numel, dtype=src.dtype, device=src.device)
-            all_gather_flat(full, src.contiguous())
+        full = gather_full_flat(src, flat.partitions)
         for slot in flat.slots:
             value = full[slot.offset:slot.offset + slot.numel].view(slot.shape).clone()
             for name in slot.names:

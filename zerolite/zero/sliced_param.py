@@ -1,0 +1,152 @@
+"""Per-parameter slices for `zero.Init`: split, gather and release ONE parameter.
+
+A partitioned parameter carries `p.zl_partitioned` (PartitionInfo) and DeepSpeed's
+`p.ds_shape`, `p.ds_numel`, `p.ds_id` and `p.ds_tensor` (the local slice): this rank's
+contiguous slice of the flattened value, `ceil(numel / world)` elements, zero padded on the
+last rank (the split of shard_math.py).
+
+[Note: full-shaped placeholder, not the 1-D slice] DeepSpeed swaps `p.data` for an empty
+tensor, so `p.shape` lies and every consumer must read `ds_shape`. We keep the slice in
+`ds_tensor` and set `p.data` to a zero-stride NaN tensor of the FULL shape (one element of
+storage): `p.shape`, `p.numel()` and everything that lays out parameters (FlatParam slots,
+checkpoint layouts) stay correct, and a stray use is loud — in-place writes raise ("more than
+one element of the written-to tensor refers to a single memory location") and a forward
+outside GatheredParameters produces NaN.
+
+`copy_full_value` is what FlatParam calls to read a parameter's value when the engine is
+built: a plain copy for ordinary parameters, an all-gather of the slices for partitioned ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from zerolite.comm.collectives import gather_full_flat
+from zerolite.errors import ZeroliteConfigError
+from zerolite.zero.shard_math import rank_range, shard_numel
+
+
+@dataclass
+class PartitionInfo:
+    """How a zero.Init-partitioned parameter is split; set as `param.zl_partitioned`."""
+
+    shape: torch.Size
+    numel: int
+    rank: int
+    world: int
+    local: torch.Tensor = field(repr=False, default=None)
+    """This rank's slice of the flattened value: `shard_numel` elements (padded)."""
+    gathered: int = 0
+    """Nesting depth of GatheredParameters contexts holding the full value right now."""
+
+    @property
+    def shard_numel(self) -> int:
+        return shard_numel(self.numel, self.world)
+
+    def keep_local_part(self, full: torch.Tensor) -> None:
+        """Store this rank's part of the full value `full` in the local slice."""
+        lo, hi = rank_range(self.rank, self.shard_numel, limit=self.numel)
+        self.local[:hi - lo].copy_(full.reshape(-1)[lo:hi])
+
+
+def is_partitioned(p) -> bool:
+    return getattr(p, "zl_partitioned", None) is not None
+
+
+# -- collectives on whatever device the backend needs ---------------------------------------
+def _comm_device(t: torch.Tensor) -> torch.device:
+    if t.device.type == "cpu" and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return t.device
+
+
+def broadcast_(t: torch.Tensor, src: int) -> None:
+    """In-place broadcast of contiguous `t` from global rank `src` (moved to the backend's
+    device if needed, e.g. a CPU-built parameter under NCCL)."""
+    if dist.get_world_size() == 1:
+        return
+    dev = _comm_device(t)
+    buf = t if dev == t.device else t.to(dev)
+    dist.broadcast(buf, src=src)
+    if buf is not t:
+        t.copy_(buf)
+
+
+def _all_gather_slices(local: torch.Tensor, world: int) -> torch.Tensor:
+    """Concatenate every rank's `local` slice (rank order) into a new 1-D tensor."""
+    dev = _comm_device(local)
+    out = gather_full_flat(local.to(dev), world)
+    return out if dev == local.device else out.to(local.device)
+
+
+def _placeholder(p: torch.Tensor, shape) -> torch.Tensor:
+    return torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(shape)
+
+
+# -- partition / gather / release of one parameter ------------------------------------------
+@torch.no_grad()
+def partition_param(p: nn.Parameter, dtype: torch.dtype | None = None,
+                    ds_id: int | None = None) -> int:
+    """Broadcast `p` from rank 0, keep this rank's slice; returns the slice's bytes."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    full = p.detach().contiguous()
+    broadcast_(full, src=0)
+    info = PartitionInfo(torch.Size(p.shape), p.numel(), rank, world)
+    info.local = torch.zeros(info.shard_numel, dtype=dtype or p.dtype, device=p.device)
+    info.keep_local_part(full)
+    local = info.local
+    p.data = _placeholder(local, info.shape)
+    p.zl_partitioned = info
+    p.ds_shape, p.ds_numel, p.ds_tensor = info.shape, info.numel, local
+    if not hasattr(p, "ds_id"):
+        p.ds_id = ds_id
+    return local.numel() * local.element_size()
+
+
+@torch.no_grad()
+def gather_partitioned(p: nn.Parameter) -> None:
+    """Give a partitioned `p` its full value (collective). Nested calls only count."""
+    info = p.zl_partitioned
+    info.gathered += 1
+    if info.gathered == 1:
+        full = _all_gather_slices(info.local, info.world)[:info.numel]
+        p.data = full.view(info.shape)
+
+
+@torch.no_grad()
+def release_partitioned(p: nn.Parameter, modifier_rank: int | None) -> None:
+    """Undo one gather_partitioned; with `modifier_rank`, first broadcast the value from that
+    rank and store it in the local slice (collective)."""
+    info = p.zl_partitioned
+    if modifier_rank is not None:
+        value = p.detach()
+        if tuple(value.shape) != tuple(info.shape):
+            raise ZeroliteConfigError(
+                f"GatheredParameters: a parameter of shape {tuple(info.shape)} was given a "
+                f"value of shape {tuple(value.shape)}; modify it in place instead")
+        value = value.contiguous()
+        broadcast_(value, src=modifier_rank)
+        info.keep_local_part(value)
+    info.gathered -= 1
+    if info.gathered == 0:
+        p.data = _placeholder(info.local, info.shape)
+
+
+def copy_full_value(p: torch.Tensor, dest: torch.Tensor) -> None:
+    """Copy `p`'s full value, flattened, into `dest` (FlatParam construction).
+
+    Ordinary parameters: a plain copy. zero.Init-partitioned ones: all-gather of the slices
+    (collective — every rank builds its FlatParams in the same order, so the calls match),
+    after which the slice is dropped: from here on the engine owns the value.
+    """
+    info = getattr(p, "zl_partitioned", None)
+    if info is None or info.gathered:
+        dest.copy_(p.detach().reshape(-1))
+        return
+    with torch.no_grad():
+        dest.copy_(_all_gather_slices(info.local, info.world)[:info.numel])
+    p.zl_partitioned = None
+    p.ds_tensor = None
