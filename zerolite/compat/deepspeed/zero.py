@@ -2,7 +2,7 @@
 from zerolite.zero import (  # noqa: F401
     GatheredParameters, Init, register_external_parameter, unregister_external_parameter,
 )
-from zerolite.zero.init import is_partitioned as _is_partitioned
+from zerolite.zero.sliced_param import is_partitioned as _is_partitioned
 
 
 def is_zero_param(param) -> bool:
