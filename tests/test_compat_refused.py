@@ -12,6 +12,13 @@ def _call(module, name, *args, **kwargs):
     return lambda: getattr(importlib.import_module(module), name)(*args, **kwargs)
 
 
+def _ulysses_register():
+    from zerolite.compat.deepspeed.runtime.sequence_parallel.ulysses_sp import (
+        UlyssesSPAttentionHF)
+    return UlyssesSPAttentionHF.register_with_transformers(model_name_or_path=None,
+                                                           sequence_parallel_size=2)
+
+
 def _moe_group():
     p = torch.nn.Parameter(torch.zeros(2))
     p.allreduce = False  # how DeepSpeed marks an expert parameter
@@ -36,6 +43,8 @@ REFUSED = {
         "zerolite.compat.deepspeed.ops.adam", "FusedAdam", [torch.nn.Parameter(torch.zeros(1))],
         bias_correction=False),
     "split_params_into_different_moe_groups_for_optimizer (group 0)": _moe_group,
+    # Accelerate with sp_backend="deepspeed" calls this classmethod first
+    "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF": _ulysses_register,
 }
 
 
