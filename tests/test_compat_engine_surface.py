@@ -19,7 +19,13 @@ def _surface(rank, world, stage):
     model = tiny_gpt()
     engine, *_ = zerolite.initialize(model=model, config=ds_config(world, stage=stage))
     cfg = engine.config
+    try:
+        engine.not_an_engine_attribute
+        missing = None
+    except AttributeError as e:
+        missing = str(e)
     return {
+        "missing": missing,
         "isinstance": isinstance(engine, DeepSpeedEngine),
         "local_rank": engine.local_rank, "global_rank": engine.global_rank,
         "dp_world_size": engine.dp_world_size, "device": str(engine.device),
@@ -46,6 +52,8 @@ def test_engine_reports_who_where_and_what(stage):
         assert r["config_stage"] == r["config_attr_stage"] == stage
         assert r["batch_info"] == (8, 2, 2)  # train batch 8 = micro 2 x gas 2 x world 2
         assert (r["empty_state"] == [0]) is (stage == 3)
+        assert r["missing"].startswith("'not_an_engine_attribute': neither zerolite's engine nor "
+                                       "the wrapped GPT has this attribute"), r["missing"]
 
 
 def _train_then_call_module(rank, world):

@@ -39,8 +39,15 @@ def _run(cmd, env, tmp_path):
     return [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-@pytest.mark.parametrize("installed", [False, True], ids=["deepspeed-absent", "deepspeed-present"])
-@pytest.mark.parametrize("entry", ["zerolite --as-deepspeed", "torchrun -m zerolite.as_deepspeed"])
+LAUNCHER, TORCHRUN = "zerolite --as-deepspeed", "torchrun -m zerolite.as_deepspeed"
+SLOW = pytest.mark.slow  # the other two pairings: same code paths, ~25 s each under load
+
+
+@pytest.mark.parametrize("entry, installed", [
+    (LAUNCHER, False), (TORCHRUN, True),
+    pytest.param(LAUNCHER, True, marks=SLOW), pytest.param(TORCHRUN, False, marks=SLOW),
+], ids=["launcher-deepspeed-absent", "torchrun-deepspeed-present",
+        "launcher-deepspeed-present", "torchrun-deepspeed-absent"])
 def test_deepspeed_imports_resolve_to_zerolite(entry, installed, tmp_path):
     (tmp_path / "out").mkdir()
     env = _env(_fake_installed_deepspeed(tmp_path) if installed else None)

@@ -18,7 +18,7 @@ pytest.importorskip("accelerate")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "hf_trainer_gpt2.py")
-CONFIG = os.path.join(ROOT, "configs", "hf_zero3_auto.json")
+CONFIG = os.path.join(ROOT, "tests", "compat_scripts", "hf_ds_config_zero3_auto.json")
 STEPS, GAS = 6, 2
 
 

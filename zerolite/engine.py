@@ -292,7 +292,13 @@ class ZeroEngine(DeepSpeedAccessors):
         module = self.__dict__.get("module")
         if module is None:
             raise AttributeError(name)
-        return getattr(module, name)
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{name!r}: neither zerolite's engine nor the wrapped {type(module).__name__} has "
+                "this attribute (DeepSpeed engine attributes zerolite provides are listed in "
+                "the README)") from None
 
     @contextmanager
     def no_sync(self):
