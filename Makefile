@@ -28,10 +28,14 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q -m "" --benchmark-only --benchmark-json=benchmarks/results/latest.json
 
-# zerolite (ZeRO-3/2) vs FSDP2, DDP and DeepSpeed (if `import deepspeed` works) on CPU/gloo.
+# zerolite ZeRO-3 vs FSDP2, DDP and DeepSpeed (if `import deepspeed` works in PEERS_PY) on
+# CPU/gloo: the small set of the config matrix (benchmarks/peers/configs.py). DeepSpeed lives
+# in its own venv: make bench-peers PEERS_PY=/path/to/venv-with-deepspeed/bin/python
+PEERS_PY ?= $(PY)
 bench-peers: $(STAMP)
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m benchmarks.peers.run \
-		--sizes 20M,80M --worlds 2 --dtypes fp32 --steps 6 --warmup 2
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PEERS_PY) -m benchmarks.peers.run \
+		--sizes 20M --worlds 2 --dtypes fp32 --configs ds_defaults,issue16 --gas 1,2 \
+		--engines zerolite3,fsdp2,ddp,deepspeed --steps 4 --warmup 1 --name peers_small
 
 clean:
 	rm -rf $(VENV) build *.egg-info

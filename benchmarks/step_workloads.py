@@ -28,9 +28,6 @@ def _peak_rss_mib() -> float:
 
 def run_steps(rank, world, engine_kind: str, cfg: GPTConfig, micro: int, steps: int,
               warmup: int, stage: int = 3, dtype: str = "fp32", zero: dict | None = None) -> dict:
-    from zerolite.host_memory import fix_mmap_threshold
-
-    fix_mmap_threshold()  # the same allocator setting for every engine compared
     torch.manual_seed(0)
     model = GPT(cfg)
     if engine_kind == "zerolite":

@@ -57,6 +57,13 @@ def test_peers_tiny_world2(tmp_path):
     runs = _check(_run(tmp_path, engines), engines)
     assert runs["zerolite3"]["exposed_comm_s"] is not None  # from zerolite's StepStats
     assert runs["ddp"]["exposed_comm_s"] is None  # "n/a"
+    # Bytes counted at torch.distributed agree with zerolite's own accounting (plus the
+    # float64 grad-norm all-reduce: 8 bytes); DDP's are computed: one all-reduce of all grads.
+    zl = runs["zerolite3"]
+    assert 0 <= zl["bytes_sent_per_step"] - zl["comm"]["own_bytes_sent"] <= 64, zl
+    assert zl["comm"]["own_bytes_sent"] > 0
+    grads = runs["ddp"]["params"] * 4
+    assert runs["ddp"]["bytes_sent_per_step"] == grads  # 2 (N-1)/N = 1 at world 2
     md = (tmp_path / "peers.md").read_text()
     assert "| zerolite3 | tiny | fp32 | 2 |" in md and "cores" in md
 

@@ -17,7 +17,6 @@ from torch.utils._pytree import tree_map
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.errors import ZeroliteStateError
-from zerolite.host_memory import fix_mmap_threshold
 from zerolite.monitor import TrainingMonitor
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
@@ -66,8 +65,6 @@ class ZeroEngine(DeepSpeedAccessors):
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
         self._config = config
-        if not any(p.is_cuda for p in model.parameters()):
-            fix_mmap_threshold()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         zc = config.zero_optimization
@@ -84,7 +81,9 @@ class ZeroEngine(DeepSpeedAccessors):
         self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
                                     world_size=self.world_size,
-                                    options=ShardingOptions.from_config(zc),
+                                    options=ShardingOptions.from_config(
+                                        zc, reduce_once_per_step=config.zerolite
+                                        .reduce_once_per_step),
                                     unit_policy=policy,
                                     reducer=build_grad_reducer(config, self.world_size),
                                     gatherer=build_param_gatherer(config))
@@ -127,9 +126,9 @@ class ZeroEngine(DeepSpeedAccessors):
         sched = self._config.scheduler
         if sched is None or self.optimizer is None:
             return None
-        from zerolite.optim.lr_schedules import build_lr_scheduler
+        from zerolite.optim.lr_schedules import build_lr_scheduler_from_config
 
-        return build_lr_scheduler(self.optimizer, sched.type, sched.params)
+        return build_lr_scheduler_from_config(self.optimizer, sched)
 
     def _build_dataloader(self, training_data, collate_fn):
         if training_data is None:
@@ -150,7 +149,8 @@ class ZeroEngine(DeepSpeedAccessors):
         start = time.perf_counter()
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
             args, kwargs = tree_map(_to_half, (args, kwargs))
-        out = self.module(*args, **kwargs)
+        with self.sharded.forward_context():
+            out = self.module(*args, **kwargs)
         self._window.forward_s += time.perf_counter() - start
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
@@ -167,6 +167,7 @@ class ZeroEngine(DeepSpeedAccessors):
         if self.loss_scaler is not None:
             scaled = scaled.float() * self.loss_scaler.loss_scale
         start = time.perf_counter()
+        self.sharded.at_boundary = self.is_gradient_accumulation_boundary()
         scaled.backward(retain_graph=retain_graph)
         self.sharded.finish_backward()
         self._window.backward_s += time.perf_counter() - start

@@ -1,19 +1,20 @@
-"""Host (CPU) allocator settings that keep ZeRO's memory savings visible in RSS.
+"""An opt-in glibc allocator setting; zerolite itself never changes the allocator.
 
-[Note: glibc's dynamic mmap threshold] ZeRO allocates and frees full-size buffers every
-step (gathered params, gradient buffers). glibc serves allocations above its mmap threshold
-with mmap and returns them to the OS on free, but after the first such free it raises the
-threshold to that size (up to 32 MiB), so later buffers come from the heap and freed memory
-stays resident. Measured on a 20M-param GPT at world 2: peak RSS 953 MiB with glibc's
-default, 747 MiB with a fixed 1 MiB threshold. Fixing the threshold costs page faults on
-fresh buffers, which is small next to the copies that fill them.
+[Note: why opt-in only] Pinning glibc's mmap threshold (here to 1 MiB) makes every larger
+allocation a fresh mmap that is returned to the OS on free: RSS then follows live bytes
+closely, but every activation, gradient and gathered buffer above the threshold is
+page-faulted and zero-filled again on each allocation. Measured on issue 16's 21M GPT at
+world 1 (one thread, micro-batch 4): about a third of the step time. An engine must not make
+that trade silently for its user, so zerolite keeps glibc's defaults and instead reuses its
+own full-size buffers (zerolite/zero/buffer_pool.py), which bounds memory without page
+faults. Call `fix_mmap_threshold()` yourself before building the model if resident memory
+matters more to you than speed; benchmarks apply it to no engine.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import logging
-import os
 
 logger = logging.getLogger("zerolite")
 
@@ -22,13 +23,11 @@ _done = False
 
 
 def fix_mmap_threshold(threshold_bytes: int = 1 << 20) -> bool:
-    """Pin glibc's mmap threshold (once per process). Returns whether it was applied.
-
-    Skipped when ZEROLITE_KEEP_MALLOC is set, or where glibc is not the allocator.
-    """
+    """Pin glibc's mmap threshold for this process (once). Returns whether it was applied
+    (False where glibc is not the C library). Affects every allocation of the process."""
     global _done
-    if _done or os.environ.get("ZEROLITE_KEEP_MALLOC"):
-        return _done
+    if _done:
+        return True
     name = ctypes.util.find_library("c")
     if not name:
         return False
@@ -39,5 +38,5 @@ def fix_mmap_threshold(threshold_bytes: int = 1 << 20) -> bool:
         return False
     _done = ok
     if ok:
-        logger.debug("zerolite: glibc mmap threshold fixed at %d bytes", threshold_bytes)
+        logger.info("zerolite: glibc mmap threshold pinned at %d bytes (opt-in)", threshold_bytes)
     return ok

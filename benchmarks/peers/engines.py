@@ -3,6 +3,7 @@ float64-norm clipping (1.0) and AdamW on this rank's slice and returns the local
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -10,9 +11,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from benchmarks.peers import configs as C
 from benchmarks.peers import workload as W
 
-ENGINES = ("zerolite3", "zerolite2", "fsdp2", "ddp", "deepspeed")
+ENGINES = ("zerolite3", "zerolite2", "zerolite3_once", "fsdp2", "ddp", "deepspeed")
+"""zerolite3_once: zerolite ZeRO-3 with the user's opt-in zerolite.reduce_once_per_step."""
 
 
 @dataclass
@@ -20,6 +23,8 @@ class Engine:
     step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     comm: Callable[[], dict | None] = lambda: None
     """Per-step communication seconds (exposed = compute thread blocked), or None: n/a."""
+    extra_bytes: Callable[[], int] = lambda: 0
+    """Bytes per step sent outside Python's collectives (DDP's C++ reducer), computed."""
     notes: str = ""
 
 
@@ -34,36 +39,31 @@ def init_process_group(engine: str) -> None:
         dist.init_process_group("gloo")
 
 
-def build(engine: str, model: torch.nn.Module, size: W.Size, dtype: str, world: int) -> Engine:
-    micro = size.global_batch // world
+def build(engine: str, model: torch.nn.Module, size: W.Size, dtype: str, world: int,
+          config: str = "tuned", gas: int = 1) -> Engine:
+    """`config` names the cell's DeepSpeed-style JSON (benchmarks/peers/configs.py); each
+    rank's slice of the global batch is split into `gas` micro-batches."""
+    micro = size.global_batch // world // gas
     bf16 = dtype == "bf16"
-    if engine in ("zerolite3", "zerolite2"):
-        return _zerolite(model, micro, bf16, stage=int(engine[-1]))
+    cfg = C.ds_config(config, micro=micro, gas=gas, bf16=bf16, hidden=size.d_model,
+                      block_numel=_block_numel(model),
+                      stage=2 if engine == "zerolite2" else 3)
+    if engine == "zerolite3_once":
+        cfg["zerolite"] = {"reduce_once_per_step": True}
+    if engine.startswith("zerolite"):
+        return _zerolite(model, cfg, gas)
     if engine == "fsdp2":
-        return _fsdp2(model, bf16, world)
+        return _fsdp2(model, bf16, world, gas)
     if engine == "ddp":
-        return _ddp(model, bf16)
+        return _ddp(model, bf16, world, gas)
     if engine == "deepspeed":
-        return _deepspeed(model, micro, bf16)
+        return _deepspeed(model, cfg, gas)
     raise ValueError(f"unknown engine {engine!r}; choose from {ENGINES}")
 
 
-def _ds_style_config(micro: int, bf16: bool, stage: int, block_numel: int) -> dict:
-    return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
-            "optimizer": {"type": "AdamW",
-                          "params": {"lr": W.LR, "betas": list(W.BETAS), "eps": W.EPS,
-                                     "weight_decay": W.WEIGHT_DECAY}},
-            "gradient_clipping": W.CLIP,
-            # Release each block after its forward (like FSDP2's reshard_after_forward): with
-            # DeepSpeed's default reuse distance (1e9) a model under ~1B params keeps every
-            # block gathered from forward to backward and ZeRO-3 saves no parameter memory.
-            # Prefetch one block ahead, as FSDP2 does by default: DeepSpeed's default bucket
-            # (5e7 elements) gathers ~7 blocks of the 80M model at the start of backward
-            # (+217 MiB) without being faster on this 2-core machine.
-            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                                  "stage3_max_reuse_distance": 0,
-                                  "stage3_prefetch_bucket_size": block_numel},
-            "bf16": {"enabled": bf16}}
+def _micro_batches(x, y, gas: int):
+    n = x.shape[0] // gas
+    return [(x[i * n:(i + 1) * n], y[i * n:(i + 1) * n]) for i in range(gas)]
 
 
 def _block_numel(model) -> int:
@@ -79,30 +79,37 @@ def _finished_step_stats(engine):
     return stats.end_step()
 
 
-def _zerolite(model, micro, bf16, stage) -> Engine:
+def _zerolite(model, cfg, gas) -> Engine:
     import zerolite
 
-    engine, *_ = zerolite.initialize(model=model, config=_ds_style_config(micro, bf16, stage, _block_numel(model)))
+    engine, *_ = zerolite.initialize(model=model, config=cfg)
     last = {}
+    counters = (engine.sharded.reducer.bytes_sent, engine.sharded.gatherer.bytes_sent)
 
     def step(x, y):
-        loss = engine(x, y)
-        engine.backward(loss)
-        engine.step()
+        sent0 = sum(sum(c.values()) for c in counters)
+        total = 0.0
+        for xm, ym in _micro_batches(x, y, gas):
+            loss = engine(xm, ym)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
         s = _finished_step_stats(engine)
         last.update(all_gather_s=s.all_gather_s, all_gather_wait_s=s.all_gather_wait_s,
                     reduce_scatter_s=s.reduce_scatter_s,
                     reduce_scatter_wait_s=s.reduce_scatter_wait_s,
                     exposed_s=s.all_gather_wait_s + s.reduce_scatter_wait_s,
-                    peak_live_bytes=s.peak_live_bytes)
-        return loss.detach().float()
+                    peak_live_bytes=s.peak_live_bytes,
+                    own_bytes_sent=sum(sum(c.values()) for c in counters) - sent0)
+        return total / gas
 
+    zc = cfg["zero_optimization"]
     return Engine(step, comm=lambda: dict(last),
-                  notes=f"zero stage {stage}, persistence threshold 0, reuse distance 0, "
-                        "fp64 clip norm")
+                  notes="zero " + ", ".join(f"{k}={v}" for k, v in zc.items())
+                  + (" + zerolite.reduce_once_per_step" if "zerolite" in cfg else ""))
 
 
-def _fsdp2(model, bf16, world) -> Engine:
+def _fsdp2(model, bf16, world, gas) -> Engine:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -116,52 +123,69 @@ def _fsdp2(model, bf16, world) -> Engine:
     params = list(model.parameters())
 
     def step(x, y):
-        loss = model(x, y)
-        loss.backward()
+        total = 0.0
+        for xm, ym in _micro_batches(x, y, gas):  # FSDP2's default: reduce every micro-step
+            loss = model(xm, ym)
+            (loss / gas).backward()
+            total += loss.detach().float()
         # grads are sharded DTensors: fp64 sum of squares of local shards, all-reduced
         W.clip_fp64_([p.grad.to_local() for p in params if p.grad is not None],
                      distributed=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.detach().float()
+        return total / gas
 
     return Engine(step, notes="fully_shard per block + root, reshard_after_forward default; "
                               "fp64 clip norm over local shards + all_reduce")
 
 
-def _ddp(model, bf16) -> Engine:
+def _ddp(model, bf16, world, gas) -> Engine:
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from benchmarks.peers.wire_count import ddp_bytes_per_sync
 
     ddp = DDP(model)
     opt = W.adamw(ddp.parameters())
     params = list(ddp.parameters())
     amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    per_sync = ddp_bytes_per_sync(model, world)
 
     def step(x, y):
-        with amp():
-            loss = ddp(x, y)
-        loss.backward()
+        total = 0.0
+        micro = _micro_batches(x, y, gas)
+        for i, (xm, ym) in enumerate(micro):
+            # Accumulate locally and all-reduce once, as DDP's docs show (no_sync).
+            sync = contextlib.nullcontext() if i == len(micro) - 1 else ddp.no_sync()
+            with sync:
+                with amp():
+                    loss = ddp(xm, ym)
+                (loss / gas).backward()
+            total += loss.detach().float()
         W.clip_fp64_([p.grad for p in params])  # grads already averaged: local norm = global
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.detach().float()
+        return total / gas
 
-    return Engine(step, notes="fp32 params" + (" + CPU autocast bf16" if bf16 else "") +
-                  "; fp64 clip norm on full grads")
+    return Engine(step, extra_bytes=lambda: per_sync,
+                  notes="fp32 params" + (" + CPU autocast bf16" if bf16 else "") +
+                  "; no_sync on all but the last micro-step; fp64 clip norm on full grads")
 
 
-def _deepspeed(model, micro, bf16) -> Engine:
+def _deepspeed(model, cfg, gas) -> Engine:
     import deepspeed
 
-    cfg = _ds_style_config(micro, bf16, 3, _block_numel(model))
+    cfg = copy.deepcopy(cfg)
     cfg["optimizer"]["params"]["torch_adam"] = True  # no C++ op build needed
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       config=cfg)
 
     def step(x, y):
-        loss = engine(x, y)
-        engine.backward(loss)
-        engine.step()
-        return loss.detach().float()
+        total = 0.0
+        for xm, ym in _micro_batches(x, y, gas):
+            loss = engine(xm, ym)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        return total / gas
 
     return Engine(step, notes=f"deepspeed {deepspeed.__version__} ZeRO-3, torch_adam, gloo")

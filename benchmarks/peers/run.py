@@ -1,10 +1,16 @@
-"""Run every (size, dtype, world, engine) in its own torchrun job plus one single-process
-reference per (size, dtype); write benchmarks/results/peers.{json,md,png}.
+"""Run every cell (size, dtype, world, config, accumulation) x engine in its own torchrun
+job plus one single-process reference per (size, dtype); write
+benchmarks/results/<name>.{json,md,png}.
 
 python -m benchmarks.peers.run [--sizes 20M,80M] [--worlds 2] [--dtypes fp32]
-    [--engines zerolite3,zerolite2,fsdp2,ddp,deepspeed] [--steps 6] [--warmup 2]
-DeepSpeed is optional (`pip install deepspeed`): skipped with a message when it does not
-import in the workers' environment.
+    [--configs tuned] [--gas 1] [--engines zerolite3,zerolite2,fsdp2,ddp,deepspeed]
+    [--steps 6] [--warmup 2] [--merge earlier.json,...]
+`--configs` names JSON configs of benchmarks/peers/configs.py; `--gas` the micro-batches per
+optimizer step (micro-batch = global batch / world / gas). DDP and FSDP2 read no ZeRO keys, so
+they run once per (size, dtype, world, gas) and stand for every config of it. `--merge` takes
+results of earlier runs (same workload) instead of running those engine/cell jobs again.
+DeepSpeed is optional: skipped with a message when it does not import in the workers'
+environment (run this script with the Python of a venv that has it).
 """
 from __future__ import annotations
 
@@ -18,11 +24,13 @@ import time
 from pathlib import Path
 
 from benchmarks.peers import workload as W
+from benchmarks.peers.configs import CONFIGS
 from benchmarks.peers.engines import ENGINES
 from benchmarks.peers.png import bar_chart
 
 REPO = Path(__file__).resolve().parents[2]
-COLORS = {"zerolite3": (31, 119, 180), "zerolite2": (114, 177, 230), "fsdp2": (255, 127, 14),
+COLORS = {"zerolite3": (31, 119, 180), "zerolite2": (114, 177, 230),
+          "zerolite3_once": (23, 190, 207), "fsdp2": (255, 127, 14),
           "ddp": (44, 160, 44), "deepspeed": (214, 39, 40)}
 
 
@@ -53,8 +61,11 @@ def _run(cmd: list[str], timeout: float, log: Path) -> tuple[bool, str]:
         except subprocess.TimeoutExpired:
             return False, f"timed out after {timeout:.0f} s (log {log})"
     if r.returncode != 0:
-        tail = log.read_text().strip().splitlines()[-3:]
-        return False, f"exit {r.returncode}: " + " | ".join(tail)
+        text = log.read_text().strip().splitlines()
+        # torchrun's summary banner says little: keep the lines that name the failure.
+        keys = ("Error", "error:", "terminate", "Signal", "signal", "Traceback")
+        named = [ln.strip() for ln in text if any(k in ln for k in keys)][-4:]
+        return False, f"exit {r.returncode}: " + " | ".join(named or text[-3:])
     return True, f"{time.perf_counter() - t0:.1f} s"
 
 
@@ -72,23 +83,36 @@ def run_reference(size: str, dtype: str, steps: int, tmp: Path, timeout: float) 
     return ref
 
 
-def run_engine(engine, size, dtype, world, steps, warmup, tmp: Path, timeout: float) -> dict:
-    out = tmp / f"{engine}_{size}_{dtype}_w{world}.json"
+def run_engine(engine, size, dtype, world, steps, warmup, tmp: Path, timeout: float,
+               config: str = "tuned", gas: int = 1) -> dict:
+    out = tmp / f"{engine}_{size}_{dtype}_w{world}_{config}_g{gas}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(world), "-m", "benchmarks.peers.worker", "--engine", engine, "--size", size,
-           "--dtype", dtype, "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
+           "--dtype", dtype, "--config", config, "--gas", str(gas), "--steps", str(steps),
+           "--warmup", str(warmup), "--out", str(out)]
     ok, msg = _run(cmd, timeout, out.with_suffix(".log"))
     if not ok:
         return {"engine": engine, "size": size, "dtype": dtype, "world": world,
-                "status": "failed", "reason": msg}
+                "config": config, "gas": gas, "status": "failed", "reason": msg}
     res = json.loads(out.read_text())
     res.update(status="ok", wall_s=float(msg.split()[0]))
     return res
 
 
+CONFIG_FREE = ("ddp", "fsdp2")
+"""Engines that read no ZeRO keys: one run per (size, dtype, world, gas) for every config."""
+
+
+def cell(r: dict) -> tuple:
+    return (r["size"], r["dtype"], r["world"], r.get("config", "tuned"), r.get("gas", 1))
+
+
+def lookup(by_key: dict, engine: str, c: tuple):
+    return by_key.get((engine, *c)) or by_key.get((engine, *c[:3], "any", c[4]))
+
+
 def compare(results: list[dict], refs: dict) -> None:
-    by_key = {(r["engine"], r["size"], r["dtype"], r["world"]): r for r in results
-              if r["status"] == "ok"}
+    by_key = {(r["engine"], *cell(r)): r for r in results if r["status"] == "ok"}
     for r in results:
         if r["status"] != "ok":
             continue
@@ -98,9 +122,11 @@ def compare(results: list[dict], refs: dict) -> None:
         r["max_abs_dloss"] = max((abs(a - b) for a, b in zip(r["losses"], ref)), default=None)
         r["max_rel_dloss"] = max((abs(a - b) / abs(b) for a, b in zip(r["losses"], ref)),
                                  default=None)
-        for base in ("ddp", "zerolite3"):
-            other = by_key.get((base, r["size"], r["dtype"], r["world"]))
+        for base in ("ddp", "zerolite3", "deepspeed", "fsdp2"):
+            other = lookup(by_key, base, cell(r))
             r[f"time_vs_{base}"] = r["median_step_s"] / other["median_step_s"] if other else None
+            r[f"cpu_vs_{base}"] = (r["cpu_s_per_step"] / other["cpu_s_per_step"]
+                                   if other else None)
             r[f"mem_vs_{base}"] = r["peak_rss_mib"] / other["peak_rss_mib"] if other else None
             r[f"max_abs_dloss_vs_{base}"] = (max(abs(a - b) for a, b in
                                                  zip(r["losses"], other["losses"]))
@@ -111,54 +137,110 @@ def _f(v, fmt="{:.3f}"):
     return "n/a" if v is None else fmt.format(v)
 
 
-def write_markdown(path: Path, report: dict, groups: list[tuple], engines: list[str]) -> None:
+def _cells(report) -> list[tuple]:
+    seen = []
+    for r in report["results"]:
+        c = cell(r)
+        if c[3] != "any" and c not in seen:
+            seen.append(c)
+    return seen
+
+
+def write_markdown(path: Path, report: dict, engines: list[str]) -> None:
     m = report["machine"]
     lines = ["# zerolite vs peers (CPU, gloo)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB; torch {m['torch']}, "
              f"Python {m['python']}. Steps: {report['settings']['steps']} timed after "
              f"{report['settings']['warmup']} warm-up; GPT seq_len {W.SEQ_LEN}, AdamW lr {W.LR}, "
-             f"clip {W.CLIP} (fp64 norm in every engine).", "",
-             "| engine | size | dtype | world | median step s | samples/s | peak RSS MiB/rank "
-             "| CPU s/step | load | exposed comm s | max \\|Δloss\\| vs ref | time ×DDP | mem ×DDP | time ×zl3 "
-             "| mem ×zl3 |", "|" + "---|" * 15]
+             f"clip {W.CLIP} (fp64 norm in every engine). Configs: benchmarks/peers/configs.py.",
+             "", "## zerolite ZeRO-3 per cell (ratios: zerolite / peer, same cell, same run)", "",
+             "| size | dtype | world | config | mb x gas | zl3 step s | ×DeepSpeed | ×FSDP2 | ×DDP "
+             "| zl3 CPU s/step | CPU ×DS | zl3 RSS MiB | RSS ×DS | RSS ×FSDP2 | zl3 MiB sent/step "
+             "| DS MiB sent | max \\|Δloss\\| zl3 vs DS |", "|" + "---|" * 17]
+    by_key = {(r["engine"], *cell(r)): r for r in report["results"] if r["status"] == "ok"}
+    for c in _cells(report):
+        z = by_key.get(("zerolite3", *c))
+        if z is None:
+            continue
+        ds = lookup(by_key, "deepspeed", c)
+        mb = report["sizes"][c[0]]["global_batch"] // c[2] // c[4]
+        lines.append(
+            f"| {c[0]} | {c[1]} | {c[2]} | {c[3]} | {mb}x{c[4]} | {z['median_step_s']:.3f} | "
+            f"{_f(z['time_vs_deepspeed'], '{:.2f}')} | {_f(z['time_vs_fsdp2'], '{:.2f}')} | "
+            f"{_f(z['time_vs_ddp'], '{:.2f}')} | {_f(z.get('cpu_s_per_step'))} | "
+            f"{_f(z['cpu_vs_deepspeed'], '{:.2f}')} | {z['peak_rss_mib']:.0f} | "
+            f"{_f(z['mem_vs_deepspeed'], '{:.2f}')} | {_f(z['mem_vs_fsdp2'], '{:.2f}')} | "
+            f"{z['bytes_sent_per_step'] / 2**20:.1f} | "
+            f"{_f(ds['bytes_sent_per_step'] / 2**20 if ds else None, '{:.1f}')} | "
+            f"{_f(z['max_abs_dloss_vs_deepspeed'], '{:.1e}')} |")
+    lines += ["", "## Every run", "",
+              "| engine | size | dtype | world | config | gas | median step s | CPU s/step | "
+              "peak RSS MiB/rank | MiB sent/step/rank | load | exposed comm s | max \\|Δloss\\| vs ref |",
+              "|" + "---|" * 13]
     for r in report["results"]:
+        head = (f"| {r['engine']} | {r['size']} | {r['dtype']} | {r['world']} | "
+                f"{r.get('config', 'tuned')} | {r.get('gas', 1)} |")
         if r["status"] != "ok":
-            lines.append(f"| {r['engine']} | {r['size']} | {r['dtype']} | {r['world']} | "
-                         f"{r['status']}: {r['reason']} |" + " |" * 10)
+            lines.append(head + f" {r['status']}: {r.get('reason', '')} |" + " |" * 6)
             continue
         lines.append(
-            f"| {r['engine']} | {r['size']} | {r['dtype']} | {r['world']} | "
-            f"{r['median_step_s']:.3f} | {r['samples_per_s']:.2f} | {r['peak_rss_mib']:.0f} | "
-            f"{_f(r.get('cpu_s_per_step'))} | "
+            head + f" {r['median_step_s']:.3f} | {_f(r.get('cpu_s_per_step'))} | "
+            f"{r['peak_rss_mib']:.0f} | {r['bytes_sent_per_step'] / 2**20:.1f} | "
             f"{_f((r.get('loadavg_1m_before_after') or [None])[0], '{:.1f}')} | "
             f"{_f(r['exposed_comm_s'])} | {_f(r['max_abs_dloss'], '{:.2e}')} "
-            f"({r['ref_steps_compared']} steps) | {_f(r['time_vs_ddp'], '{:.2f}')} | "
-            f"{_f(r['mem_vs_ddp'], '{:.2f}')} | {_f(r['time_vs_zerolite3'], '{:.2f}')} | "
-            f"{_f(r['mem_vs_zerolite3'], '{:.2f}')} |")
-    lines += ["", "Peak RSS: psutil-sampled (10 ms) maximum per rank during the steps, "
-              "slowest rank reported; every rank first builds the full fp32 model (same seed), "
-              "so init memory is included. Exposed comm: zerolite's StepStats "
-              "(all_gather_wait_s + reduce_scatter_wait_s, slowest rank, median); n/a where the "
-              "engine does not expose it. CPU s/step: process CPU time (all threads) of the "
-              "busiest rank per step, median; less sensitive than wall time to other load on "
-              "the machine. load: 1-minute load average when the job started (2 cores: "
-              "above ~2.5 means other processes competed for the CPUs).", "",
-              "## peers.png", "",
-              "Top: median step s; bottom: peak RSS MiB/rank. Groups (numbered under the bars):",
-              ""]
-    lines += [f"{i + 1}. {s} {d} world {w}" for i, (s, d, w) in enumerate(groups)]
-    lines += ["", "Bar colours, left to right: " + ", ".join(
-        f"{e} #{''.join(f'{c:02x}' for c in COLORS[e])}" for e in engines), ""]
+            f"({r['ref_steps_compared']} steps) |")
+    lines += ["", "config `any`: DDP and FSDP2 read no ZeRO keys; one run stands for every "
+              "config of its (size, dtype, world, gas). DDP accumulates under `no_sync()` and "
+              "all-reduces once per step; FSDP2 reduce-scatters every micro-step (its default).",
+              "", "Peak RSS: psutil-sampled (10 ms) maximum per rank during the steps, slowest "
+              "rank; every rank first builds the full fp32 model (same seed), so init memory is "
+              "included. MiB sent: per rank per optimizer step, by each collective's algorithm "
+              "(benchmarks/peers/wire_count.py; DDP's C++ all-reduce computed). CPU s/step: "
+              "process CPU time (all threads) of the busiest rank, median; less sensitive than "
+              "wall time to other load. load: 1-minute load average at job start (2 cores: above "
+              "~2.5 means other processes competed for the CPUs).", "",
+              f"## {path.stem}.png", "",
+              "Top: zerolite ZeRO-3 step time / peer (DeepSpeed, FSDP2, DDP) per cell; bottom: "
+              "peak RSS / peer. Cells (numbered under the bars):", ""]
+    lines += [f"{i + 1}. {c[0]} {c[1]} world {c[2]} {c[3]} gas {c[4]}"
+              for i, c in enumerate(_cells(report))]
     if report["notes"]:
-        lines += ["## Notes", ""] + [f"- {n}" for n in report["notes"]] + [""]
-    lines += ["## Per-step losses (mean over ranks)", ""]
-    for (s, d, w) in groups:
-        ref = report["references"].get(f"{s}/{d}", {}).get("losses", [])
-        lines.append(f"- {s} {d} world {w}: reference " + ", ".join(f"{v:.6f}" for v in ref))
-        for r in report["results"]:
-            if (r["size"], r["dtype"], r["world"]) == (s, d, w) and r["status"] == "ok":
-                lines.append(f"  - {r['engine']}: " + ", ".join(f"{v:.6f}" for v in r["losses"]))
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    lines += ["", "## Per-step losses (mean over ranks)", ""]
+    for (key, ref) in report["references"].items():
+        lines.append(f"- {key}: reference " + ", ".join(f"{v:.6f}" for v in ref.get("losses", [])))
+    for r in report["results"]:
+        if r["status"] == "ok":
+            lines.append(f"  - {r['engine']} {'/'.join(map(str, cell(r)))}: "
+                         + ", ".join(f"{v:.6f}" for v in r["losses"]))
     path.write_text("\n".join(lines) + "\n")
+
+
+RATIO_COLORS = {"deepspeed": COLORS["deepspeed"], "fsdp2": COLORS["fsdp2"], "ddp": COLORS["ddp"]}
+
+
+def write_png(path: Path, report: dict) -> None:
+    by_key = {(r["engine"], *cell(r)): r for r in report["results"] if r["status"] == "ok"}
+    cells = [c for c in _cells(report) if ("zerolite3", *c) in by_key]
+    peers = list(RATIO_COLORS)
+    panels = []
+    for key in ("time", "mem"):
+        panels.append([[by_key[("zerolite3", *c)].get(f"{key}_vs_{p}") for p in peers]
+                       for c in cells])
+    bar_chart(str(path), cells, peers, panels, RATIO_COLORS)
+
+
+def load_merged(files: list[str], refs_only: bool = False) -> tuple[list[dict], dict]:
+    results, refs = [], {}
+    for f in files:
+        old = json.loads(Path(f).read_text())
+        if not refs_only:
+            results += [r for r in old["results"] if r["status"] == "ok"]
+        for key, ref in old["references"].items():
+            size, dtype = key.split("/")
+            if ref.get("losses"):
+                refs[(size, dtype)] = ref
+    return results, refs
 
 
 def main(argv=None) -> dict:
@@ -166,25 +248,38 @@ def main(argv=None) -> dict:
     ap.add_argument("--sizes", default="20M,80M")
     ap.add_argument("--worlds", default="2")
     ap.add_argument("--dtypes", default="fp32")
+    ap.add_argument("--configs", default="tuned")
+    ap.add_argument("--gas", default="1", help="comma-separated accumulation steps")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--merge", default="", help="comma-separated result JSONs to reuse")
+    ap.add_argument("--merge-refs", default="", help="result JSONs whose references to reuse")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--name", default="peers", help="output file stem")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job")
     args = ap.parse_args(argv)
     sizes, dtypes = args.sizes.split(","), args.dtypes.split(",")
     worlds = [int(w) for w in args.worlds.split(",")]
+    gases = [int(g) for g in args.gas.split(",")]
+    configs = [c for c in args.configs.split(",") if c]
     engines = [e for e in args.engines.split(",") if e]
     for e in engines:
         if e not in ENGINES:
             ap.error(f"unknown engine {e}; choose from {','.join(ENGINES)}")
-    for s in sizes:
-        if s not in W.SIZES:
-            ap.error(f"unknown size {s}; choose from {','.join(W.SIZES)}")
+    for s_ in sizes:
+        if s_ not in W.SIZES:
+            ap.error(f"unknown size {s_}; choose from {','.join(W.SIZES)}")
+    for c in configs:
+        if c not in CONFIGS:
+            ap.error(f"unknown config {c}; choose from {','.join(CONFIGS)}")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     notes, skipped = [], {}
+    results, refs = load_merged([f for f in args.merge.split(",") if f])
+    refs = {**load_merged([f for f in args.merge_refs.split(",") if f], refs_only=True)[1],
+            **refs}
+    done = {(r["engine"], *cell(r)) for r in results}
     if "deepspeed" in engines:
         ok, msg = deepspeed_available()
         if ok:
@@ -198,58 +293,63 @@ def main(argv=None) -> dict:
                      "and fsdp2 keep bf16 compute copies of the params (fp32 masters/reduce); "
                      "the bf16 reference uses autocast, so bf16 Δloss is rounding, ~1e-2")
     settings = {"sizes": sizes, "worlds": worlds, "dtypes": dtypes, "engines": engines,
-                "steps": args.steps, "warmup": args.warmup}
-    results, refs = [], {}
+                "configs": configs, "gas": gases, "steps": args.steps, "warmup": args.warmup}
     with tempfile.TemporaryDirectory(prefix="peers_") as tmpd:
         tmp = Path(tmpd)
         for size in sizes:
             for dtype in dtypes:
-                t0 = time.perf_counter()
-                refs[(size, dtype)] = run_reference(size, dtype, args.steps + args.warmup, tmp,
-                                                    args.timeout)
-                print(f"[peers] reference {size} {dtype}: {time.perf_counter() - t0:.1f} s",
-                      flush=True)
+                if (size, dtype) not in refs:
+                    t0 = time.perf_counter()
+                    refs[(size, dtype)] = run_reference(size, dtype, args.steps + args.warmup,
+                                                        tmp, args.timeout)
+                    print(f"[peers] reference {size} {dtype}: {time.perf_counter() - t0:.1f} s",
+                          flush=True)
                 for world in worlds:
-                    if W.SIZES[size].global_batch % world:
-                        notes.append(f"{size} world {world} skipped: global batch "
-                                     f"{W.SIZES[size].global_batch} not divisible")
-                        continue
-                    for engine in engines:
-                        if engine in skipped:
-                            results.append({"engine": engine, "size": size, "dtype": dtype,
-                                            "world": world, "status": "skipped",
-                                            "reason": skipped[engine]})
+                    for gas in gases:
+                        if W.SIZES[size].global_batch % (world * gas):
+                            notes.append(f"{size} world {world} gas {gas} skipped: global batch "
+                                         f"{W.SIZES[size].global_batch} does not split")
                             continue
-                        r = run_engine(engine, size, dtype, world, args.steps, args.warmup, tmp,
-                                       args.timeout)
-                        results.append(r)
-                        print(f"[peers] {engine} {size} {dtype} w{world}: " +
-                              (f"{r['median_step_s']:.3f} s/step, {r['peak_rss_mib']:.0f} MiB"
-                               if r["status"] == "ok" else r["reason"]), flush=True)
+                        for engine in engines:
+                            for config in (["any"] if engine in CONFIG_FREE else configs):
+                                key = (engine, size, dtype, world, config, gas)
+                                if key in done:
+                                    continue
+                                done.add(key)
+                                if engine in skipped:
+                                    results.append({"engine": engine, "size": size,
+                                                    "dtype": dtype, "world": world,
+                                                    "config": config, "gas": gas,
+                                                    "status": "skipped",
+                                                    "reason": skipped[engine]})
+                                    continue
+                                r = run_engine(engine, size, dtype, world, args.steps,
+                                               args.warmup, tmp, args.timeout,
+                                               config="tuned" if config == "any" else config,
+                                               gas=gas)
+                                r["config"] = config
+                                results.append(r)
+                                print(f"[peers] {engine} {size} {dtype} w{world} {config} "
+                                      f"gas {gas}: " +
+                                      (f"{r['median_step_s']:.3f} s/step, cpu "
+                                       f"{r['cpu_s_per_step']:.3f} s, "
+                                       f"{r['peak_rss_mib']:.0f} MiB, "
+                                       f"{r['bytes_sent_per_step'] / 2**20:.1f} MiB sent"
+                                       if r["status"] == "ok" else r["reason"]), flush=True)
     compare(results, refs)
-    for (s, d), ref in refs.items():
+    for (s_, d), ref in refs.items():
         if ref.get("note"):
-            notes.append(f"{s} {d}: {ref['note']}")
+            notes.append(f"{s_} {d}: {ref['note']}")
         if ref.get("error"):
-            notes.append(f"{s} {d}: reference failed: {ref['error']}")
+            notes.append(f"{s_} {d}: reference failed: {ref['error']}")
+    all_sizes = sorted({r["size"] for r in results} | set(sizes))
     report = {"machine": W.machine_info(), "settings": settings,
-              "sizes": {s: W.size_info(W.SIZES[s]) for s in sizes},
-              "references": {f"{s}/{d}": r for (s, d), r in refs.items()},
+              "sizes": {s_: W.size_info(W.SIZES[s_]) for s_ in all_sizes},
+              "references": {f"{s_}/{d}": r for (s_, d), r in refs.items()},
               "results": results, "notes": notes}
     (out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=1))
-    groups = [(s, d, w) for s in sizes for d in dtypes for w in worlds]
-    shown = [e for e in engines if e not in skipped]
-
-    def value(key, g, e):
-        for r in results:
-            if (r["engine"], r["size"], r["dtype"], r["world"]) == (e, *g) and r["status"] == "ok":
-                return r[key]
-        return None
-
-    panels = [[[value(k, g, e) for e in shown] for g in groups]
-              for k in ("median_step_s", "peak_rss_mib")]
-    bar_chart(str(out_dir / f"{args.name}.png"), groups, shown, panels, COLORS)
-    write_markdown(out_dir / f"{args.name}.md", report, groups, shown)
+    write_png(out_dir / f"{args.name}.png", report)
+    write_markdown(out_dir / f"{args.name}.md", report, engines)
     print(f"[peers] wrote {out_dir / args.name}.{{json,md,png}}", flush=True)
     return report
 

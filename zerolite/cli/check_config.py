@@ -199,6 +199,10 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
         mem["stage3_gathered_bytes"] = live * compute_bytes
         mem["stage3_gathered_note"] = ("upper bound from stage3_max_live_parameters; pass "
                                        "--model for a per-unit estimate")
+    if cfg.zerolite.reduce_once_per_step and cfg.gradient_accumulation_steps > 1 \
+            and cfg.zero_optimization.stage >= 2:
+        # Full fp32 gradients of every parameter stay on each rank between micro-steps.
+        mem["reduce_once_per_step_bytes"] = 4 * num_params
     mem["not_included"] = "activations, temporary communication/gradient buffers, allocator overhead"
     out["memory"] = mem
     return out
@@ -227,4 +231,7 @@ def print_summary(summary: dict) -> None:
               f"{_fmt(e['optimizer'])}{_fmt(e['total'])}{mark}")
     print(f"  stage 3 extra, gathered units: {_fmt(mem['stage3_gathered_bytes']).strip()} "
           f"({mem['stage3_gathered_note']})")
+    if "reduce_once_per_step_bytes" in mem:
+        print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "
+              f"micro-steps: {_fmt(mem['reduce_once_per_step_bytes']).strip()} per rank")
     print(f"  not included: {mem['not_included']}")

@@ -24,6 +24,34 @@ class _DoneWork:
         return True
 
 
+def wire_bytes(kind: str, nbytes: int, world: int) -> int:
+    """Bytes one rank sends for collective `kind` by the bandwidth-optimal algorithm.
+
+    `nbytes` is the full buffer for reductions (all_reduce, reduce_scatter, all_to_all) and
+    this rank's contribution for all_gather. Ring all-reduce sends 2(N-1)/N of the buffer
+    (a reduce-scatter then an all-gather); reduce-scatter and all_to_all send the N-1 chunks
+    that belong to other ranks; all-gather sends this rank's chunk to N-1 ranks.
+    """
+    if world <= 1:
+        return 0
+    if kind == "all_reduce":
+        return 2 * (world - 1) * nbytes // world
+    if kind in ("reduce_scatter", "all_to_all"):
+        return (world - 1) * nbytes // world
+    if kind == "all_gather":
+        return (world - 1) * nbytes
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def all_to_all_flat(output: torch.Tensor, full: torch.Tensor, group=None, async_op=False):
+    """Chunk r of `full` goes to rank r; `output` receives every rank's chunk, rank order."""
+    with record_function("zerolite::all_to_all"):
+        if dist.get_world_size(group) == 1:
+            output.copy_(full)
+            return _DoneWork() if async_op else None
+        return dist.all_to_all_single(output, full, group=group, async_op=async_op)
+
+
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group=None, async_op=False):
     """Concatenate every rank's equal-sized `shard` into `output` (rank order)."""
     with record_function("zerolite::all_gather"):
@@ -36,13 +64,14 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group=None, async
 def start_full_flat_gather(out: torch.Tensor, shard: torch.Tensor, partitions: int):
     """Start filling `out` (a flat's full padded buffer) from every rank's equal `shard`.
 
-    `partitions == 1` means nothing is sharded (stage 0): the shard already is the full
-    buffer and is copied. Returns the work handle to wait on, or None when nothing is in
+    `partitions == 1` means nothing is sharded (stage 0, world 1): the shard already is the
+    full buffer and is copied, unless `out` is the shard itself (FlatParam.full_is_shard). Returns the work handle to wait on, or None when nothing is in
     flight. This is the one full-flat gather: unit gathers, state dicts, 16-bit checkpoints
     and zero.Init slices all go through it.
     """
     if partitions == 1:
-        out.copy_(shard)
+        if out.data_ptr() != shard.data_ptr():  # a flat's full buffer may be its shard
+            out.copy_(shard)
         return None
     return all_gather_flat(out, shard.contiguous(), async_op=True)
 

@@ -36,7 +36,7 @@ from torch.autograd.profiler import record_function
 
 from triton_kernels import dequantize, dequantize_sum, quantize
 from triton_kernels.quantize_ref import check_args, num_blocks
-from zerolite.comm.collectives import all_gather_flat
+from zerolite.comm.collectives import all_gather_flat, wire_bytes
 from zerolite.comm.reducers import GradReducer, ParamGatherer, PendingReduce
 
 __all__ = ["QuantizedGradReducer", "QuantizedParamGatherer", "quantize_chunks"]
@@ -141,8 +141,9 @@ class QuantizedGradReducer(GradReducer):
         with record_function("zerolite::all_to_all_quantized"):
             w_codes = dist.all_to_all_single(recv_codes, codes, async_op=True)
             w_scales = dist.all_to_all_single(recv_scales, scales, async_op=True)
-        self.bytes_sent["all_to_all"] += (codes.numel() * codes.element_size()
-                                          + scales.numel() * scales.element_size())
+        self.bytes_sent["all_to_all"] += wire_bytes(
+            "all_to_all", codes.numel() * codes.element_size()
+            + scales.numel() * scales.element_size(), parts)
         if self.error_feedback:
             # Computed while the all-to-alls are in flight.
             sent = _dequantize_chunks(codes, scales, self.bits, self.block_size, n)
@@ -180,8 +181,7 @@ class QuantizedParamGatherer(ParamGatherer):
     def start(self, flat):
         full = flat.alloc_full()
         if flat.partitions == 1:
-            full.copy_(flat.shard)
-            return None
+            return None  # the shard is the full buffer (FlatParam.full_is_shard)
         parts, n = flat.partitions, flat.shard_numel
         codes, scales = quantize_chunks(flat.shard.reshape(1, -1), self.bits, self.block_size)
         all_codes = torch.empty((parts, codes.shape[1]), dtype=codes.dtype, device=codes.device)
@@ -189,8 +189,9 @@ class QuantizedParamGatherer(ParamGatherer):
                                  device=scales.device)
         w_codes = all_gather_flat(all_codes.view(-1), codes.reshape(-1), async_op=True)
         w_scales = all_gather_flat(all_scales.view(-1), scales.reshape(-1), async_op=True)
-        self.bytes_sent["all_gather"] += (codes.numel() * codes.element_size()
-                                          + scales.numel() * scales.element_size())
+        self.bytes_sent["all_gather"] += wire_bytes(
+            "all_gather", codes.numel() * codes.element_size()
+            + scales.numel() * scales.element_size(), parts)
         return _PendingGather(_Works(w_codes, w_scales), flat, all_codes, all_scales,
                               self.bits, self.block_size, n)
 

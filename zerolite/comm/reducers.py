@@ -12,7 +12,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from zerolite.comm.collectives import all_reduce_sum, reduce_scatter_flat, start_full_flat_gather
+from zerolite.comm.collectives import (all_reduce_sum, all_to_all_flat, reduce_scatter_flat,
+                                       start_full_flat_gather, wire_bytes)
 
 
 class PendingReduce:
@@ -30,29 +31,50 @@ class PendingReduce:
         return self._finish(self._result) if self._finish else self._result
 
 
-class GradReducer:
-    """Exact reduction: reduce-scatter (stages 1-3) or all-reduce (stage 0, one partition).
+SCATTER_METHODS = ("reduce_scatter", "all_to_all", "all_reduce")
 
-    `comm_dtype` (DeepSpeed's `communication_data_type`) sends 16-bit values and sums in that
-    dtype; the default sends fp32. `predivide` (DeepSpeed's `gradient_predivide_factor` with
-    `prescale_gradients`) divides before the sum and the rest after.
+
+def default_scatter_method() -> str:
+    """[Note: gloo] On gloo a reduce-scatter is built from all_to_all + a local sum: gloo's own
+    reduce_scatter copies its input synchronously in the calling thread, and an all-reduce
+    followed by taking a slice moves twice the bytes (ring all-reduce: 2(N-1)/N of the
+    buffer; all_to_all: (N-1)/N). Measured on this 2-core machine under load
+    (benchmarks/gloo_reduce_bench.py; results/gloo_reduce*.json), one 50 MiB fp32 buffer:
+    world 2 all_to_all 172 ms / 31 ms CPU, all-reduce 190 ms / 44 ms, reduce_scatter 355 ms
+    (166 ms blocking the caller); world 4 271 / 30, 250 / 54, 753 ms. At 7 MiB and world 2
+    the all-reduce can finish first (11.5 vs 14.5 ms) but costs more CPU (5.6 vs 4.4 ms),
+    and CPU is what the ranks share here. NCCL (and any other backend) keeps the real
+    reduce-scatter."""
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        return "all_to_all"
+    return "reduce_scatter"
+
+
+class GradReducer:
+    """Exact reduction: a reduce-scatter (stages 1-3) or all-reduce (stage 0, one partition).
+
+    `comm_dtype` (DeepSpeed's `communication_data_type`) sends 16-bit values; reduce_scatter
+    and all_reduce sum in that dtype, all_to_all sums the received chunks in fp32. The
+    default sends fp32. `predivide` (DeepSpeed's `gradient_predivide_factor` with
+    `prescale_gradients`) divides before the sum and the rest after. `scatter_method` is how
+    the reduce-scatter is done (SCATTER_METHODS; default: default_scatter_method()).
     """
 
     def __init__(self, world_size: int, comm_dtype: torch.dtype | None = None,
-                 predivide: float = 1.0, scatter_by_all_reduce: bool | None = None):
+                 predivide: float = 1.0, scatter_method: str | None = None):
         self.world_size = world_size
         self.comm_dtype = comm_dtype or torch.float32
         self.predivide = predivide
-        if scatter_by_all_reduce is None:
-            scatter_by_all_reduce = dist.is_initialized() and dist.get_backend() == "gloo"
-        self.scatter_by_all_reduce = scatter_by_all_reduce
-        """[Note: gloo] gloo's reduce_scatter splits and copies its input synchronously in
-        the calling thread (measured: 25 ms of a 55 ms reduce-scatter of 16 MB at world 2
-        block the caller) and is slower end to end than an all-reduce of the same buffer
-        (32 ms). On gloo we all-reduce in place and keep our slice: twice the bytes on the
-        wire, but asynchronous and faster. NCCL keeps the real reduce-scatter."""
+        method = scatter_method or default_scatter_method()
+        if method not in SCATTER_METHODS:
+            raise ValueError(f"scatter_method {method!r}: expected one of {SCATTER_METHODS}")
+        self.scatter_method = method
         self.bytes_sent: Counter = Counter()
-        """Bytes this rank put on the wire, by collective kind (reset by the caller)."""
+        """Bytes this rank put on the wire, by collective kind (comm.wire_bytes; reset by
+        the caller)."""
+
+    def _count(self, kind: str, t: torch.Tensor) -> None:
+        self.bytes_sent[kind] += wire_bytes(kind, t.numel() * t.element_size(), self.world_size)
 
     def start(self, flat, full_grad: torch.Tensor) -> PendingReduce:
         send = full_grad if self.predivide == 1.0 else full_grad.div_(self.predivide)
@@ -64,17 +86,31 @@ class GradReducer:
             return result.float().mul_(post) if post != 1.0 else result.float()
 
         if flat.partitions == 1:
-            self.bytes_sent["all_reduce"] += send.numel() * send.element_size()
+            self._count("all_reduce", send)
             return PendingReduce(all_reduce_sum(send, async_op=True), send, finish)
-        if self.scatter_by_all_reduce:
+        if self.scatter_method == "all_reduce":
             def finish_slice(result):
                 shard = flat.local_shard_of(result).to(torch.float32, copy=True)
                 return shard.mul_(post) if post != 1.0 else shard
 
-            self.bytes_sent["all_reduce"] += send.numel() * send.element_size()
+            self._count("all_reduce", send)
             return PendingReduce(all_reduce_sum(send, async_op=True), send, finish_slice)
+        if self.scatter_method == "all_to_all":
+            pool = getattr(flat, "pool", None)
+            recv = (pool.take(send.numel(), send.dtype, send.device) if pool is not None
+                    else torch.empty_like(send))
+
+            def finish_sum(result):
+                # Every rank sums its own chunk over ranks in rank order: deterministic.
+                shard = result.view(flat.partitions, flat.shard_numel).sum(0, dtype=torch.float32)
+                if pool is not None:
+                    pool.give(result)
+                return shard.mul_(post) if post != 1.0 else shard
+
+            self._count("all_to_all", send)
+            return PendingReduce(all_to_all_flat(recv, send, async_op=True), recv, finish_sum)
         out = torch.empty(flat.shard_numel, dtype=send.dtype, device=send.device)
-        self.bytes_sent["reduce_scatter"] += send.numel() * send.element_size()
+        self._count("reduce_scatter", send)
         return PendingReduce(reduce_scatter_flat(out, send, async_op=True), out, finish)
 
 
@@ -85,6 +121,6 @@ class ParamGatherer:
         self.bytes_sent: Counter = Counter()
 
     def start(self, flat):
-        if flat.partitions > 1:
-            self.bytes_sent["all_gather"] += flat.shard.numel() * flat.shard.element_size()
+        self.bytes_sent["all_gather"] += wire_bytes(
+            "all_gather", flat.shard.numel() * flat.shard.element_size(), flat.partitions)
         return start_full_flat_gather(flat.alloc_full(), flat.shard, flat.partitions)

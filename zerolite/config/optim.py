@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from ._util import (
     REQUIRED, ParseContext, check_bool, check_float, check_int, check_object, check_str, fail,
@@ -11,7 +11,10 @@ from ._util import (
 )
 
 # Param kinds: "lr"/"nonneg" float >= 0, "float" any finite, "betas" pair in [0, 1),
-# "bool", "int>=0", "int>0", "int?>0" (int > 0 or null), "warmup_type", "ratio" float in [0, 1].
+# "bool", "int", "int?" (int or null), "int>=-1", "int>=0", "int>0", "int?>0" (int > 0 or null),
+# "warmup_type", "ratio" float in [0, 1], "lr_groups" / "ratio_groups": an "nonneg" / "ratio"
+# value or a list of them, one per optimizer param group (the count is checked by the schedule,
+# which knows the optimizer).
 _BETAS = (0.9, 0.999)
 _ADAM = {"lr": (1e-3, "lr"), "betas": (_BETAS, "betas"), "eps": (1e-8, "nonneg"),
          "weight_decay": (0.0, "nonneg"), "bias_correction": (True, "bool"),
@@ -32,28 +35,33 @@ OPTIMIZER_PARAMS: dict[str, dict[str, tuple]] = {
 }
 """Supported optimizer type -> {param: (DeepSpeed default, kind)}."""
 
-_WARMUP = {"warmup_min_lr": (0.0, "nonneg"), "warmup_max_lr": (1e-3, "nonneg"),
-           "warmup_num_steps": (1000, "int>=0"), "warmup_type": ("log", "warmup_type"),
-           "last_batch_iteration": (-1, "int")}
+_WARMUP = {"warmup_min_lr": (0.0, "lr_groups"), "warmup_max_lr": (1e-3, "lr_groups"),
+           "warmup_num_steps": (1000, "int>0"), "warmup_type": ("log", "warmup_type"),
+           "last_batch_iteration": (-1, "int>=-1")}
 
 SCHEDULER_PARAMS: dict[str, dict[str, tuple]] = {
     "WarmupLR": _WARMUP,
     "WarmupDecayLR": {**_WARMUP, "total_num_steps": (REQUIRED, "int>0")},
     "WarmupCosineLR": {"total_num_steps": (REQUIRED, "int>0"), "warmup_min_ratio": (0.0, "ratio"),
-                       "warmup_num_steps": (1000, "int>=0"), "cos_min_ratio": (0.0001, "ratio"),
-                       "warmup_type": ("log", "warmup_type"), "last_batch_iteration": (-1, "int")},
-    "OneCycle": {"cycle_min_lr": (REQUIRED, "nonneg"), "cycle_max_lr": (REQUIRED, "nonneg"),
+                       "warmup_num_steps": (1000, "int>0"), "cos_min_ratio": (0.0001, "ratio"),
+                       "warmup_type": ("log", "warmup_type"), "last_batch_iteration": (-1, "int>=-1")},
+    # Note: stair counts <= 0 mean "no stairs" (DeepSpeed's argparse default is -1).
+    "OneCycle": {"cycle_min_lr": (REQUIRED, "lr_groups"), "cycle_max_lr": (REQUIRED, "lr_groups"),
                  "decay_lr_rate": (0.0, "nonneg"), "cycle_first_step_size": (2000, "int>0"),
-                 "cycle_second_step_size": (None, "int?>0"), "cycle_first_stair_count": (0, "int>=0"),
-                 "cycle_second_stair_count": (None, "int?>=0"), "decay_step_size": (0, "int>=0"),
-                 "cycle_momentum": (True, "bool"), "cycle_min_mom": (0.8, "nonneg"),
-                 "cycle_max_mom": (0.9, "nonneg"), "decay_mom_rate": (0.0, "nonneg"),
-                 "last_batch_iteration": (-1, "int")},
-    "LRRangeTest": {"lr_range_test_min_lr": (1e-3, "nonneg"), "lr_range_test_step_size": (2000, "int>0"),
+                 "cycle_second_step_size": (None, "int?>0"), "cycle_first_stair_count": (0, "int"),
+                 "cycle_second_stair_count": (None, "int?"), "decay_step_size": (0, "int>=0"),
+                 "cycle_momentum": (True, "bool"), "cycle_min_mom": (0.8, "ratio_groups"),
+                 "cycle_max_mom": (0.9, "ratio_groups"), "decay_mom_rate": (0.0, "nonneg"),
+                 "last_batch_iteration": (-1, "int>=-1")},
+    "LRRangeTest": {"lr_range_test_min_lr": (1e-3, "lr_groups"),
+                    "lr_range_test_step_size": (2000, "int>0"),
                     "lr_range_test_step_rate": (1.0, "nonneg"),
-                    "lr_range_test_staircase": (False, "bool"), "last_batch_iteration": (-1, "int")},
+                    "lr_range_test_staircase": (False, "bool"),
+                    "last_batch_iteration": (-1, "int>=-1")},
 }
-"""Supported scheduler type -> {param: (DeepSpeed default or REQUIRED, kind)}."""
+"""Supported scheduler type -> {param: (DeepSpeed default or REQUIRED, kind)}: the one set of
+rules for schedule parameters, whether they come from JSON (SchedulerConfig) or from Python
+(the schedule classes in zerolite.optim check their arguments here)."""
 
 # Note: HF Trainer fills these with "auto"; other params have no sensible automatic value.
 _OPT_AUTO_OK = ("lr", "betas", "eps", "weight_decay")
@@ -68,14 +76,23 @@ def _check_param(path: str, kind: str, v: Any) -> Any:
         return check_float(path, v, ge=0, le=1)
     if kind == "bool":
         return check_bool(path, v)
-    if kind == "int":
-        return check_int(path, v)
+    if kind in ("int", "int?"):
+        return check_int(path, v, none_ok=kind == "int?")
+    if kind == "int>=-1":
+        return check_int(path, v, ge=-1)
     if kind in ("int>=0", "int?>=0"):
         return check_int(path, v, ge=0, none_ok=kind.startswith("int?"))
     if kind in ("int>0", "int?>0"):
         return check_int(path, v, gt=0, none_ok=kind.startswith("int?"))
     if kind == "warmup_type":
         return check_str(path, v, choices=("log", "linear"))
+    if kind in ("lr_groups", "ratio_groups"):
+        one = "lr" if kind == "lr_groups" else "ratio"
+        if isinstance(v, (list, tuple)):
+            if not v:
+                fail(path, v, "a number or a non-empty list of numbers (one per param group)")
+            return [_check_param(f"{path}[{i}]", one, x) for i, x in enumerate(v)]
+        return _check_param(path, one, v)
     if kind == "betas":
         if not isinstance(v, (list, tuple)) or len(v) != 2:
             fail(path, v, "a list of two numbers in [0, 1)")
@@ -93,7 +110,12 @@ def _canonical(path: str, name: Any, table: dict, what: str) -> str:
     fail(path, name, f"one of the {what} types zerolite supports: {supported}")
 
 
-def _parse_params(path: str, given: Any, spec: dict, ctx: ParseContext, auto_rule) -> dict:
+def _unknown_param(path: str, type_name: str, spec: dict) -> NoReturn:
+    fail_msg(path, f"unknown parameter for {type_name}; accepted: {', '.join(spec)}")
+
+
+def _parse_params(path: str, given: Any, spec: dict, ctx: ParseContext, auto_rule,
+                  unknown_fails_for: str | None = None) -> dict:
     if given is None:
         given = {}
     check_object(path, given)
@@ -104,11 +126,13 @@ def _parse_params(path: str, given: Any, spec: dict, ctx: ParseContext, auto_rul
             value = auto_rule(kp, key)
             if value is _DROP:
                 continue
+        if key not in spec and unknown_fails_for is not None:
+            _unknown_param(kp, unknown_fails_for, spec)
         if key not in spec:
             ctx.unknown.append(kp)
             out[key] = value  # Note: kept as given; DeepSpeed passes unknown params through.
             continue
-        out[key] = _check_param(kp, spec[key][1], value)
+        out[key] = value  # checked once, by the section's __post_init__
     for key, (default, _kind) in spec.items():
         if key not in out:
             if default is REQUIRED:
@@ -226,5 +250,32 @@ class SchedulerConfig:
             ctx.resolved(path, spec[key][0], f"DeepSpeed default for {canon}")
             return spec[key][0]
 
-        params = _parse_params("scheduler.params", d.get("params"), spec, ctx, auto_rule)
+        # Note: one verdict for an unknown schedule parameter: an error here (it used to be kept
+        # with a warning and then rejected when the schedule was built).
+        params = _parse_params("scheduler.params", d.get("params"), spec, ctx, auto_rule,
+                               unknown_fails_for=canon)
         return cls(type=canon, params=params)
+
+
+def check_scheduler_keys(type_name: str, keys) -> None:
+    """Every key is a parameter of schedule `type_name` and every required one is there."""
+    spec = SCHEDULER_PARAMS[type_name]
+    for key in keys:
+        if key not in spec:
+            _unknown_param(f"scheduler.params.{key}", type_name, spec)
+    for key, (default, _kind) in spec.items():
+        if default is REQUIRED and key not in keys:
+            fail_msg(f"scheduler.params.{key}", f"missing; {type_name} requires it")
+
+
+def check_scheduler_params(type_name: str, given: dict) -> dict:
+    """Schedule parameters given from Python, checked by the same rules as the JSON section
+    (no defaults filled in, no 'auto'); returns the normalised values."""
+    check_scheduler_keys(type_name, given)
+    spec = SCHEDULER_PARAMS[type_name]
+    return {k: _check_param(f"scheduler.params.{k}", spec[k][1], v) for k, v in given.items()}
+
+
+def check_last_batch_iteration(value: Any) -> int:
+    """A schedule position: -1 (not started) or a batch index."""
+    return _check_param("scheduler.params.last_batch_iteration", "int>=-1", value)

@@ -4,13 +4,25 @@ monitors, and zerolite's own ``"zerolite"`` block. Key names and defaults follow
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ._util import (
     ParseContext, Section, check_bool, check_float, check_int, check_object, check_str, fail,
     fail_msg, join, logger,
 )
+
+
+def deepspeed_only(default: Any):
+    """A field zerolite parses and validates so DeepSpeed configs load, but does not act on.
+
+    Its key is "accepted-ignored" in KEY_SUPPORT (support.py reads this mark; nothing else
+    lists these keys again)."""
+    return field(default=default, metadata={"deepspeed_only": True})
+
+
+def is_deepspeed_only(f) -> bool:
+    return bool(f.metadata.get("deepspeed_only"))
 
 
 @dataclass
@@ -38,7 +50,7 @@ class Fp16Config(Section):
     """Refill hysteresis after every step without overflow."""
     min_loss_scale: float = 1.0
     """Lower bound of the dynamic loss scale."""
-    fp16_master_weights_and_grads: bool = False
+    fp16_master_weights_and_grads: bool = deepspeed_only(False)
     """DeepSpeed-only (stage 2 + CPU offload) option; accepted and ignored by zerolite."""
 
     @classmethod
@@ -119,7 +131,11 @@ def _parse_offload(path: str, name: str, v: Any) -> dict | None:
 
 @dataclass
 class ZeroOptimizationConfig(Section):
-    """``zero_optimization``: ZeRO partitioning of optimizer state, gradients and parameters."""
+    """``zero_optimization``: ZeRO partitioning of optimizer state, gradients and parameters.
+
+    Fields made with `deepspeed_only(...)` are validated so DeepSpeed configs load but change
+    nothing in zerolite; the others are what ShardingOptions and the engine read.
+    """
 
     _PATH: ClassVar[str] = "zero_optimization"
     _ALIASES: ClassVar[dict] = {
@@ -141,35 +157,35 @@ class ZeroOptimizationConfig(Section):
 
     stage: int = 0
     """0 = off, 1 = optimizer state, 2 = + gradients, 3 = + parameters partitioned."""
-    contiguous_gradients: bool = True
+    contiguous_gradients: bool = deepspeed_only(True)
     """Copy gradients into a contiguous buffer as they are produced."""
-    reduce_scatter: bool = True
+    reduce_scatter: bool = deepspeed_only(True)
     """Use reduce-scatter (not all-reduce) to average gradients."""
     reduce_bucket_size: int = 500_000_000
     """Elements reduced per gradient bucket."""
-    use_multi_rank_bucket_allreduce: bool = True
+    use_multi_rank_bucket_allreduce: bool = deepspeed_only(True)
     """DeepSpeed bucket-combining option."""
-    allgather_partitions: bool = True
+    allgather_partitions: bool = deepspeed_only(True)
     """Stage 1/2: all-gather updated partitions (vs. broadcasts)."""
-    allgather_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = deepspeed_only(500_000_000)
     """Stage 1/2: elements all-gathered at a time."""
-    overlap_comm: bool | None = None
+    overlap_comm: bool | None = deepspeed_only(None)
     """Overlap gradient reduction with backward; defaults to True at stage 3, else False."""
-    load_from_fp32_weights: bool = True
+    load_from_fp32_weights: bool = deepspeed_only(True)
     """Initialise master weights from fp32 checkpoint copies."""
-    elastic_checkpoint: bool = False
+    elastic_checkpoint: bool = deepspeed_only(False)
     """Load checkpoints saved at another world size (DeepSpeed: no longer supported)."""
-    offload_param: dict | None = None
+    offload_param: dict | None = deepspeed_only(None)
     """Parameter offload block (device cpu/nvme) or None."""
-    offload_optimizer: dict | None = None
+    offload_optimizer: dict | None = deepspeed_only(None)
     """Optimizer-state offload block (device cpu/nvme) or None."""
-    sub_group_size: int = 1_000_000_000
+    sub_group_size: int = deepspeed_only(1_000_000_000)
     """Tile size for optimizer steps over huge models."""
     stage3_prefetch_bucket_size: int = 50_000_000
     """Stage 3: parameter elements fetched ahead of use."""
     stage3_param_persistence_threshold: int = 100_000
     """Stage 3: parameters with fewer elements stay unpartitioned."""
-    stage3_model_persistence_threshold: int = sys.maxsize
+    stage3_model_persistence_threshold: int = deepspeed_only(sys.maxsize)
     """Stage 3: bound on the total elements kept unpartitioned."""
     stage3_max_live_parameters: int = 1_000_000_000
     """Stage 3: max gathered parameter elements resident at once."""
@@ -177,35 +193,35 @@ class ZeroOptimizationConfig(Section):
     """Stage 3: keep a parameter if it is reused within this many elements."""
     stage3_gather_16bit_weights_on_model_save: bool = False
     """Stage 3: gather full 16-bit weights when saving the model."""
-    ignore_unused_parameters: bool = True
+    ignore_unused_parameters: bool = deepspeed_only(True)
     """Tolerate parameters that receive no gradient."""
-    legacy_stage1: bool = False
+    legacy_stage1: bool = deepspeed_only(False)
     """DeepSpeed's old stage-1 implementation."""
-    round_robin_gradients: bool = False
+    round_robin_gradients: bool = deepspeed_only(False)
     """Stage 1/2 CPU-offload gradient copy scheduling."""
-    zero_hpz_partition_size: int = 1
+    zero_hpz_partition_size: int = deepspeed_only(1)
     """ZeRO++ hierarchical partition size (secondary group)."""
     zero_quantized_weights: bool = False
     """ZeRO++: quantize weights for the parameter all-gather."""
-    zero_quantized_nontrainable_weights: bool = False
+    zero_quantized_nontrainable_weights: bool = deepspeed_only(False)
     """ZeRO++: store frozen weights quantized."""
     zero_quantized_gradients: bool = False
     """ZeRO++: quantize gradients for the reduce-scatter."""
-    mics_shard_size: int = -1
+    mics_shard_size: int = deepspeed_only(-1)
     """MiCS shard group size; -1 = off (MiCS is not supported by zerolite)."""
-    mics_hierarchical_params_gather: bool = False
+    mics_hierarchical_params_gather: bool = deepspeed_only(False)
     """MiCS hierarchical all-gather."""
-    memory_efficient_linear: bool = True
+    memory_efficient_linear: bool = deepspeed_only(True)
     """DeepSpeed's memory-efficient linear for stage 3."""
-    pipeline_loading_checkpoint: bool = False
+    pipeline_loading_checkpoint: bool = deepspeed_only(False)
     """Load checkpoints in pipeline mode."""
-    override_module_apply: bool = True
+    override_module_apply: bool = deepspeed_only(True)
     """Override nn.Module.apply under stage 3."""
-    log_trace_cache_warnings: bool = False
+    log_trace_cache_warnings: bool = deepspeed_only(False)
     """Log stage-3 trace cache invalidations."""
-    module_granularity_threshold: int = 0
+    module_granularity_threshold: int = deepspeed_only(0)
     """Stage 3: fetch small modules as one unit."""
-    use_all_reduce_for_fetch_params: bool = False
+    use_all_reduce_for_fetch_params: bool = deepspeed_only(False)
     """Stage 3: fetch parameters with all-reduce."""
 
     @classmethod
@@ -301,6 +317,10 @@ class ZeroliteExtrasConfig(Section):
     """Carry quantization error into the next step's gradients."""
     unit_policy: list | None = None
     """Module class names that form ZeRO-3 gather units; null = zerolite's default policy."""
+    reduce_once_per_step: bool = False
+    """With gradient accumulation at stages 2-3: keep full fp32 gradients across micro-steps
+    and reduce-scatter once per optimizer step instead of every micro-step (FSDP2's
+    set_requires_gradient_sync(False)). Costs 4 bytes x parameters per rank."""
 
     def __post_init__(self):
         p = self._PATH
@@ -315,6 +335,8 @@ class ZeroliteExtrasConfig(Section):
         self.quantized_block_size = bs
         self.quantized_error_feedback = check_bool(f"{p}.quantized_error_feedback",
                                                    self.quantized_error_feedback)
+        self.reduce_once_per_step = check_bool(f"{p}.reduce_once_per_step",
+                                               self.reduce_once_per_step)
         up = self.unit_policy
         if up is not None:
             if not isinstance(up, (list, tuple)) or not all(isinstance(s, str) and s for s in up):

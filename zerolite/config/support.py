@@ -12,7 +12,7 @@ from typing import Any
 
 from .sections import (
     ActivationCheckpointingConfig, Bf16Config, Fp16Config, ZeroliteExtrasConfig,
-    ZeroOptimizationConfig,
+    ZeroOptimizationConfig, is_deepspeed_only,
 )
 
 HONOURED, IGNORED, REJECTED = "honoured", "accepted-ignored", "rejected"
@@ -38,14 +38,12 @@ _HONOURED_TOP = (
     "prescale_gradients", "gradient_predivide_factor", "zero_optimization", "zerolite",
     "csv_monitor", "tensorboard",
 )
-_HONOURED_ZERO = (
-    "stage", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
-    "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
-    "stage3_gather_16bit_weights_on_model_save", "zero_quantized_gradients",
-    "zero_quantized_weights", "reduce_bucket_size",
-)
-"""Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
-by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size."""
+# Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
+# by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size.
+
+
+def _field_support(f) -> str:
+    return IGNORED if is_deepspeed_only(f) else HONOURED
 
 
 def _build() -> dict[str, str]:
@@ -53,13 +51,12 @@ def _build() -> dict[str, str]:
     table.update({k: HONOURED for k in _HONOURED_TOP})
     table["amp"] = REJECTED
     for f in dataclasses.fields(Fp16Config):
-        table[f"fp16.{f.name}"] = HONOURED
-    table["fp16.fp16_master_weights_and_grads"] = IGNORED
+        table[f"fp16.{f.name}"] = _field_support(f)
     for key in Bf16Config._EXTRA_KNOWN:
         table[f"bf16.{key}"] = IGNORED
     zero = ZeroOptimizationConfig
     for f in dataclasses.fields(zero):
-        table[f"zero_optimization.{f.name}"] = HONOURED if f.name in _HONOURED_ZERO else IGNORED
+        table[f"zero_optimization.{f.name}"] = _field_support(f)
     for alias, name in zero._ALIASES.items():
         table[f"zero_optimization.{alias}"] = table[f"zero_optimization.{name}"]
     for key in zero._EXTRA_KNOWN:

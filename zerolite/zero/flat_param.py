@@ -1,13 +1,15 @@
 """FlatParam: one unit's parameters (of one dtype / requires_grad / param group) laid out in
 one padded 1-D buffer, sharded evenly across ranks.
 
-[Note: storage resize, not tensor swap] The full buffer is allocated once. "Releasing" it
-resizes its storage to 0 bytes and "gathering" resizes it back and all-gathers into it.
-Every view taken of a parameter during forward (e.g. `weight.t()` saved by autograd for
-backward) points into that same storage, so after the re-gather in backward those views
-read valid data again while no full copy stays alive in between. The user's nn.Parameter
-objects are kept: their `.data` is a view into the full buffer while gathered and an empty
-tensor while sharded (as DeepSpeed does), so names and object identity never change.
+[Note: pooled buffers, saved views redirected] While a unit is gathered its full buffer is
+one taken from the model's BufferPool; "releasing" gives it back, so the next unit (or the
+next step) reuses the memory instead of the allocator faulting in a fresh one. Views that
+autograd saves in forward (e.g. `weight.t()`) are not allowed to pin the buffer: the
+saved-tensor hooks of saved_views.py record where they point and rebuild them on the
+buffer the flat holds in backward. The user's nn.Parameter objects are kept: their `.data`
+is a view into the full buffer while gathered and an empty tensor while sharded (as
+DeepSpeed does), so names and object identity never change. With one partition (world 1,
+or stage 0) the shard already is the full buffer: gathering only re-points the params.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from zerolite.comm.collectives import broadcast
+from zerolite.zero.buffer_pool import BufferPool
 from zerolite.zero.sliced_param import copy_full_value
 from zerolite.zero.shard_math import rank_range, shard_numel
 
@@ -40,7 +43,8 @@ class FlatParam:
     """A padded flat buffer of parameters: the local shard always, the full buffer on demand."""
 
     def __init__(self, params: list[tuple[tuple[str, ...], nn.Parameter]], *, rank: int,
-                 partitions: int, compute_dtype: torch.dtype, group_index: int | None):
+                 partitions: int, compute_dtype: torch.dtype, group_index: int | None,
+                 pool: BufferPool | None = None):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -76,8 +80,12 @@ class FlatParam:
             self.shard = self.master.data  # fp32 training: the master IS the param shard
         else:
             self.shard = shard32.to(compute_dtype)
-        self.full = torch.empty(self.padded_numel, dtype=compute_dtype, device=device)
-        self._full_nbytes = self.full.untyped_storage().nbytes()
+        self.pool = pool if pool is not None else BufferPool()
+        self._empty = torch.empty(0, dtype=compute_dtype, device=device)
+        self.full = self.shard if partitions == 1 else self._empty
+        """The gathered buffer while gathered (a pooled one, or the shard itself with one
+        partition); an empty tensor otherwise."""
+        self._gathered = False
         self.grad_buffer: torch.Tensor | None = None
         """Full-size gradient buffer, alive only while this unit's grads are collected."""
         self.grads_ready = 0
@@ -90,19 +98,29 @@ class FlatParam:
 
     @property
     def is_full_allocated(self) -> bool:
-        return self.full.untyped_storage().nbytes() > 0
+        return self._gathered
+
+    @property
+    def full_is_shard(self) -> bool:
+        """One partition: the full buffer is the shard, gathering copies nothing."""
+        return self.partitions == 1
 
     def alloc_full(self) -> torch.Tensor:
-        if not self.is_full_allocated:
-            self.full.untyped_storage().resize_(self._full_nbytes)
+        if not self._gathered:
+            if not self.full_is_shard:
+                self.full = self.pool.take(self.padded_numel, self.compute_dtype,
+                                           self._empty.device, owner=self)
+            self._gathered = True
         return self.full
 
     def free_full(self) -> None:
-        """Drop the full buffer and point every param at an empty tensor."""
-        empty = torch.empty(0, dtype=self.compute_dtype, device=self.full.device)
+        """Give the full buffer back and point every param at an empty tensor."""
         for p in self.params:
-            p.data = empty
-        self.full.untyped_storage().resize_(0)
+            p.data = self._empty
+        if self._gathered and not self.full_is_shard:
+            self.pool.give(self.full)
+            self.full = self._empty
+        self._gathered = False
 
     def use_full_views(self) -> None:
         """Make each param's `.data` a view into the (gathered) full buffer."""
@@ -122,8 +140,8 @@ class FlatParam:
             # Every slot is written exactly once per backward (each param's grad hook fires
             # once), so only the padding needs zeros; untouched slots are zeroed when the
             # flat's grads are complete (`zero_missing_slots`).
-            self.grad_buffer = torch.empty(self.padded_numel, dtype=torch.float32,
-                                           device=self.full.device)
+            self.grad_buffer = self.pool.take(self.padded_numel, torch.float32,
+                                              self._empty.device)
             self.grad_buffer[self.numel:].zero_()
             self._slot_written = [False] * len(self.slots)
         view = self.grad_buffer[slot.offset:slot.offset + slot.numel]

@@ -44,7 +44,7 @@ class GradReduction:
             self._complete(self._queue.popleft())
 
     def _complete(self, item) -> None:
-        pending, flat, start, name = item
+        pending, flat, buf, start, name = item
         wait_start = self.stats.now()
         with record_function(f"zerolite::wait_reduce {name}"):
             shard = pending.wait()
@@ -54,6 +54,8 @@ class GradReduction:
         current.reduce_scatter_wait_s += end - wait_start
         self.stats.event("comm", f"reduce {name}", start, end)
         self._inflight_numel -= flat.padded_numel
+        if shard.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
+            flat.pool.give(buf)  # else the shard is the buffer itself (one partition)
         if flat.master.grad is None:
             flat.master.grad = shard
         else:

@@ -10,6 +10,7 @@ One engine, four stages (DESIGN.md):
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -18,11 +19,13 @@ import torch.nn as nn
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer
 from zerolite.errors import ZeroliteConfigError
+from zerolite.zero.buffer_pool import BufferPool
 from zerolite.zero.flat_param import FlatParam
 from zerolite.zero.hooks import install_hooks
 from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
 from zerolite.zero.grad_reduction import GradReduction
 from zerolite.zero.residency import Residency
+from zerolite.zero.saved_views import SavedViewHooks
 from zerolite.zero.step_stats import StatsRecorder
 from zerolite.zero.unit import Unit, UnitState
 
@@ -56,16 +59,22 @@ class ShardingOptions:
     """stage3_param_persistence_threshold: units this small (numel) are never released."""
     reduce_bucket_numel: int = 500_000_000
     """reduce_bucket_size: elements of full gradient buffers allowed in flight."""
+    reduce_once_per_step: bool = False
+    """zerolite.reduce_once_per_step: with gradient accumulation, keep full fp32 gradients
+    across micro-steps and reduce them once, in the boundary micro-step's backward (stages
+    2-3; stage 1 always does). Costs 4 bytes x parameters per rank while accumulating."""
     trace: bool = False
     """Record a timeline of compute and communication events (StepStats.events)."""
 
     @classmethod
-    def from_config(cls, zc, trace: bool = False) -> "ShardingOptions":
+    def from_config(cls, zc, trace: bool = False, reduce_once_per_step: bool = False
+                    ) -> "ShardingOptions":
         return cls(stage=zc.stage, prefetch_numel=zc.stage3_prefetch_bucket_size,
                    max_live_numel=zc.stage3_max_live_parameters,
                    max_reuse_distance=zc.stage3_max_reuse_distance,
                    persistence_threshold=zc.stage3_param_persistence_threshold,
-                   reduce_bucket_numel=zc.reduce_bucket_size, trace=trace)
+                   reduce_bucket_numel=zc.reduce_bucket_size,
+                   reduce_once_per_step=reduce_once_per_step, trace=trace)
 
 
 class ShardedModel:
@@ -78,6 +87,10 @@ class ShardedModel:
         self.options = options
         self.stage = options.stage
         self.defer_reduce = self.stage == 1
+        """Stage 1 (and no_sync): accumulate full grads, reduce at the optimizer step."""
+        self.reduce_once_per_step = options.reduce_once_per_step
+        self.at_boundary = True
+        """Set by the engine before each backward: is this the accumulation boundary?"""
         self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype
@@ -90,6 +103,7 @@ class ShardedModel:
                 raise ZeroliteConfigError(f"parameter {names[p][0]!r} has dtype {p.dtype}; "
                                           "zerolite shards floating-point parameters only")
         self._cast_buffers(module, compute_dtype)
+        self.pool = BufferPool()
         per_unit: list[list[nn.Parameter]] = [[] for _ in range(len(unit_modules) + 1)]
         for p in names:  # model order
             per_unit[owner[p]].append(p)
@@ -97,6 +111,9 @@ class ShardedModel:
         for index, params in enumerate(per_unit):
             name, mod = ("", module) if index == 0 else unit_modules[index - 1]
             self.units.append(Unit(index, name, mod, self._build_flats(params, names, group_of)))
+        self._unit_of = {id(f): u for u in self.units for f in u.flats}
+        self.saved_views = SavedViewHooks(self.pool, self._regather_for_backward)
+        self._views_active = False
         self.in_backward = False
         self.stats = StatsRecorder(trace=options.trace)
         self.residency = Residency(self.units, self.gatherer, stage=self.stage,
@@ -135,7 +152,7 @@ class ShardedModel:
             group = group_of.get(p) if p.requires_grad else None
             buckets.setdefault((group, p.requires_grad), []).append((names[p], p))
         return [FlatParam(items, rank=self.rank, partitions=self.partitions,
-                          compute_dtype=self.compute_dtype, group_index=group)
+                          compute_dtype=self.compute_dtype, group_index=group, pool=self.pool)
                 for (group, _), items in buckets.items()]
 
     # -- queries -----------------------------------------------------------------------
@@ -154,8 +171,28 @@ class ShardedModel:
     def gathered_nbytes(self) -> int:
         return self.residency.live_nbytes()
 
+    # -- saved tensors ------------------------------------------------------------------
+    @contextmanager
+    def forward_context(self):
+        """Run a forward with the saved-view hooks (the engine's forward does), so autograd
+        never pins a pooled buffer (saved_views.py)."""
+        with self.saved_views.context():
+            self._views_active = True
+            try:
+                yield
+            finally:
+                self._views_active = False
+
+    def _regather_for_backward(self, flat: FlatParam) -> None:
+        self.residency.ensure_gathered(self._unit_of[id(flat)], None)
+
     # -- forward / backward events (called from hooks) ---------------------------------
     def before_unit_forward(self, unit: Unit) -> None:
+        if unit.is_root and not self._views_active and torch.is_grad_enabled() \
+                and not self.in_backward:
+            # The module was called directly, not through the engine: autograd may keep
+            # views into pooled buffers until backward, so none is reused until then.
+            self.pool.reuse_blocked = True
         if self.in_backward:  # a recompute (activation checkpointing) inside backward
             self.residency.ensure_gathered(unit, None)
             return
@@ -192,10 +229,18 @@ class ShardedModel:
         unit.pending_input_grads -= 1
         self._maybe_release_after_backward(unit)
 
+    @property
+    def deferring(self) -> bool:
+        """Gradients of this backward stay in the full buffers (reduced later)."""
+        return self.defer_reduce or (self.reduce_once_per_step and not self.at_boundary)
+
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None:
         self.in_backward = True
-        if flat.take_param_grad(index) and not self.defer_reduce:
-            self.reduction.launch(unit, flat)
+        if flat.take_param_grad(index):
+            if self.deferring:
+                unit.reduced_flats += 1  # done for this micro-step; reduced at the boundary
+            else:
+                self.reduction.launch(unit, flat)
             self._maybe_release_after_backward(unit)
 
     def _maybe_release_after_backward(self, unit: Unit) -> None:
@@ -205,7 +250,7 @@ class ShardedModel:
 
     def finish_backward(self) -> None:
         """Reduce what is left, wait for every reduction, release, roll the order record."""
-        if not self.defer_reduce:
+        if not self.deferring:
             self.reduction.drain(self.units)
         for unit in self.units:
             unit.pending_input_grads = 0
@@ -215,6 +260,7 @@ class ShardedModel:
             flat.grads_ready = 0
         self.residency.scheduler.end_step()
         self.in_backward = False
+        self.pool.reuse_blocked = False
 
     def reduce_deferred_grads(self) -> None:
         """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""

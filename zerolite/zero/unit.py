@@ -91,11 +91,13 @@ class Unit:
 
     # -- gradients ---------------------------------------------------------------------
     def start_reduce(self, flat: FlatParam, reducer):
-        """Launch the reduction of `flat`'s full gradient; returns (pending, flat) or None."""
+        """Launch the reduction of `flat`'s full gradient; returns (pending, flat, buffer)
+        or None. The caller gives the buffer back to the pool once the reduction is done."""
         buf = flat.take_grad_buffer()
         if flat.master is None:
+            flat.pool.give(buf)
             return None  # grads of params that are not optimized are dropped
-        return reducer.start(flat, buf), flat
+        return reducer.start(flat, buf), flat, buf
 
     def __repr__(self):
         return f"Unit({self.index}, {self.name!r}, {self.state.value}, flats={self.flats})"
