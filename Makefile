@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-slow bench bench-peers clean
+.PHONY: setup demo test test-slow bench bench-peers gpu-check clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,13 @@ bench-peers: $(STAMP)
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PEERS_PY) -m benchmarks.peers.run \
 		--sizes 20M --worlds 2 --dtypes fp32 --configs ds_defaults,issue16 --gas 1,2 \
 		--engines zerolite3,fsdp2,ddp,deepspeed --steps 4 --warmup 1 --name peers_small
+
+# On one CUDA GPU, within ~8 minutes: the cuda tests, kernel GB/s, prefetch on/off with a
+# profiler trace and timeline, all under benchmarks/results/gpu_check/ (summary.md). Without
+# CUDA it says so and exits 0.
+gpu-check: $(STAMP)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/gpu_check.py \
+		--out benchmarks/results/gpu_check
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,11 +5,16 @@ tensor lives on CUDA and triton is importable; otherwise the pure-torch twins
 (bit-exact with the kernels).  ``ZEROLITE_FORCE_TRITON=1`` forces the Triton path
 even on CPU (use with ``TRITON_INTERPRET=1`` set before triton is imported).
 Triton is only imported when the Triton path is actually taken.
+
+[Note: no silent fallback] When the kernels cannot be used -- triton missing, an installed
+triton failing to import, or our kernel module failing to build -- the twins run, and one
+warning says why (once per process).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -19,17 +24,43 @@ __all__ = ["triton_available", "use_triton", "quantize", "dequantize", "dequanti
            "quantized_nbytes"]
 
 _TRITON_OK = None
+_WHY_NOT: str | None = None
+_WARNED = False
 
 
 def triton_available() -> bool:
-    global _TRITON_OK
+    """Can the Triton kernels run? (imports triton on first call)."""
+    global _TRITON_OK, _WHY_NOT
     if _TRITON_OK is None:
         try:
             from . import quantize_triton as _qt
-            _TRITON_OK = bool(_qt.HAS_TRITON)
-        except Exception:
+        except Exception as exc:  # triton imported, but our kernels failed to build
             _TRITON_OK = False
+            _WHY_NOT = f"the Triton kernels failed to import ({type(exc).__name__}: {exc})"
+        else:
+            _TRITON_OK = bool(_qt.HAS_TRITON)
+            if _qt.IMPORT_ERROR:
+                _WHY_NOT = f"triton is installed but failed to import ({_qt.IMPORT_ERROR})"
+            elif not _TRITON_OK:
+                _WHY_NOT = "triton is not installed (pip install triton)"
+        if _WHY_NOT and _qt_installed():
+            _warn_fallback()
     return _TRITON_OK
+
+
+def _qt_installed() -> bool:
+    """Warn at once where triton is installed; a missing triton warns on first CUDA use."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+def _warn_fallback() -> None:
+    global _WARNED
+    if not _WARNED and _WHY_NOT:
+        _WARNED = True
+        warnings.warn(f"triton_kernels: {_WHY_NOT}; quantization runs in the pure-torch "
+                      "twins (same results, slower on CUDA)", RuntimeWarning, stacklevel=3)
 
 
 def _forced() -> bool:
@@ -41,7 +72,12 @@ def use_triton(t: torch.Tensor) -> bool:
         if not triton_available():
             raise RuntimeError("ZEROLITE_FORCE_TRITON=1 but triton is not importable")
         return True
-    return t.is_cuda and triton_available()
+    if not t.is_cuda:
+        return False
+    if triton_available():
+        return True
+    _warn_fallback()  # CUDA tensors without kernels: say so once
+    return False
 
 
 def quantize(x: torch.Tensor, bits: int, block_size: int, stochastic: bool = False, seed: int = 0):

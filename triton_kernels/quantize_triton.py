@@ -5,8 +5,12 @@ Numerics are defined by (and bit-exact with) the torch twins in
 ragged-tail / all-zero / non-finite rules and the error bound.
 
 Importing this module does not require triton (``HAS_TRITON`` tells whether it
-is available); the kernels are only defined when it is.  For CPU testing set
-``TRITON_INTERPRET=1`` before triton is imported.
+is available; ``IMPORT_ERROR`` says why an *installed* triton failed to import); the
+kernels are only defined when it is.  For CPU testing call
+:func:`triton_kernels.runtime.use_interpreter_if_no_cuda` before triton is imported.
+
+Tiles: compiled, each kernel autotunes a few (tile, num_warps) configs once per format
+(block size, bits); interpreted, one large tile (the interpreter is slow per program).
 
 Bit-exactness notes (GPU): divisions use ``tl.math.div_rn`` (IEEE), rounding
 half-to-even uses the ``(y + 1.5*2**23) - 1.5*2**23`` trick on the clamped
@@ -18,23 +22,60 @@ from __future__ import annotations
 
 import torch
 
-from .quantize_ref import check_args, num_blocks, seed_key
+import importlib.util
 
+from .quantize_ref import check_args, num_blocks, seed_key
+from .runtime import interpreting
+
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+IMPORT_ERROR: str | None = None
+"""Why an installed triton failed to import (None when it imported or is not installed)."""
 try:  # lazy / optional: the package must import without triton
     import triton
     import triton.language as tl
 
     HAS_TRITON = True
-except Exception:  # pragma: no cover - depends on the environment
+except Exception as exc:  # pragma: no cover - depends on the environment
     triton = None
     tl = None
     HAS_TRITON = False
+    if TRITON_INSTALLED:
+        IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["HAS_TRITON", "quantize_triton", "dequantize_triton", "dequantize_sum_triton"]
+__all__ = ["HAS_TRITON", "IMPORT_ERROR", "TUNED", "quantize_triton", "dequantize_triton",
+           "dequantize_sum_triton"]
 
-# Target elements per program (large tiles: the interpreter is slow per program).
+TUNED = HAS_TRITON and not interpreting()
+"""Compiled kernels autotune their tiles; interpreted ones use the fixed tiles below."""
+# Elements per program in the interpreter (large tiles: it is slow per program).
 _QUANT_TILE = 4096
 _DEQ_TILE = 4096
+
+
+def _prune_quant(configs, named_args, **kwargs):
+    """Keep configs whose program covers 512..8192 elements (at least one config)."""
+    block = kwargs.get("BLOCK", named_args.get("BLOCK"))
+    fit = [c for c in configs if 512 <= c.kwargs["G"] * block <= 8192]
+    return fit or [min(configs, key=lambda c: c.kwargs["G"])]
+
+
+def _autotuned(configs, key, prune=None):
+    def wrap(kernel):
+        if not TUNED:
+            return kernel
+        return triton.autotune(configs=configs, key=key,
+                               prune_configs_by={"early_config_prune": prune} if prune else None
+                               )(kernel)
+    return wrap
+
+
+def _quant_configs():
+    return [triton.Config({"G": g}, num_warps=w) for g in (1, 2, 4, 8, 16, 32) for w in (4, 8)]
+
+
+def _tile_configs():
+    return [triton.Config({"TILE": t}, num_warps=w) for t in (1024, 2048, 4096, 8192)
+            for w in (4, 8)]
 
 
 def _launch_opts():
@@ -80,6 +121,7 @@ if HAS_TRITON:
         amax = tl.max(tl.where(ok, ax, 0.0), axis=1)
         return amax, bad
 
+    @_autotuned(_quant_configs(), key=["BLOCK", "BITS", "STOCH"], prune=_prune_quant)
     @triton.jit
     def _quant_kernel(x_ptr, codes_ptr, scales_ptr, n, nblocks, key,
                       BLOCK: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
@@ -125,6 +167,7 @@ if HAS_TRITON:
             q = ((nib ^ 8) - 8).to(tl.float32)
         return q
 
+    @_autotuned(_tile_configs(), key=["BLOCK", "BITS"])
     @triton.jit
     def _dequant_kernel(codes_ptr, scales_ptr, out_ptr, n,
                         BLOCK: tl.constexpr, TILE: tl.constexpr, BITS: tl.constexpr):
@@ -136,6 +179,7 @@ if HAS_TRITON:
         y = q * s
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @_autotuned(_tile_configs(), key=["BLOCK", "BITS"])
     @triton.jit
     def _dequant_sum_kernel(codes_ptr, scales_ptr, out_ptr, n, K,
                             codes_stride, scales_stride,
@@ -151,9 +195,14 @@ if HAS_TRITON:
         tl.store(out_ptr + offs, acc, mask=mask)
 
 
+def _tile_meta() -> dict:
+    return {} if TUNED else {"TILE": _DEQ_TILE}
+
+
 def _require_triton():
     if not HAS_TRITON:
-        raise RuntimeError("triton is not available; use triton_kernels.quantize_ref twins")
+        why = f" (installed, but importing it failed: {IMPORT_ERROR})" if IMPORT_ERROR else ""
+        raise RuntimeError(f"triton is not available{why}; use triton_kernels.quantize_ref twins")
 
 
 def quantize_triton(x: torch.Tensor, bits: int, block_size: int, stochastic: bool = False,
@@ -176,11 +225,11 @@ def quantize_triton(x: torch.Tensor, bits: int, block_size: int, stochastic: boo
     scales = torch.empty(nb, dtype=torch.float32, device=xf.device)
     if nb == 0:
         return codes, scales
-    G = max(1, _QUANT_TILE // block_size)
-    grid = (triton.cdiv(nb, G),)
+    meta = {} if TUNED else {"G": max(1, _QUANT_TILE // block_size)}
+    grid = lambda m: (triton.cdiv(nb, m["G"]),)  # noqa: E731
     _quant_kernel[grid](xf, codes, scales, n, nb, seed_key(seed) if stochastic else 0,
-                        BLOCK=block_size, G=G, BITS=bits, QMAX=qmax, STOCH=bool(stochastic),
-                        **_launch_opts())
+                        BLOCK=block_size, BITS=bits, QMAX=qmax, STOCH=bool(stochastic),
+                        **meta, **_launch_opts())
     return codes, scales
 
 
@@ -197,9 +246,9 @@ def dequantize_triton(codes: torch.Tensor, scales: torch.Tensor, bits: int, bloc
     out = torch.empty(numel, dtype=out_dtype, device=codes.device)
     if numel == 0:
         return out
-    grid = (triton.cdiv(numel, _DEQ_TILE),)
-    _dequant_kernel[grid](codes, scales, out, numel, BLOCK=block_size, TILE=_DEQ_TILE,
-                          BITS=bits, **_launch_opts())
+    grid = lambda m: (triton.cdiv(numel, m["TILE"]),)  # noqa: E731
+    _dequant_kernel[grid](codes, scales, out, numel, BLOCK=block_size, BITS=bits,
+                          **_tile_meta(), **_launch_opts())
     return out
 
 
@@ -219,8 +268,8 @@ def dequantize_sum_triton(codes_2d: torch.Tensor, scales_2d: torch.Tensor, bits:
     out = torch.zeros(numel_per_chunk, dtype=torch.float32, device=codes_2d.device)
     if numel_per_chunk == 0 or K == 0:
         return out
-    grid = (triton.cdiv(numel_per_chunk, _DEQ_TILE),)
+    grid = lambda m: (triton.cdiv(numel_per_chunk, m["TILE"]),)  # noqa: E731
     _dequant_sum_kernel[grid](codes_2d, scales_2d, out, numel_per_chunk, K,
                               codes_2d.stride(0), scales_2d.stride(0),
-                              BLOCK=block_size, TILE=_DEQ_TILE, BITS=bits, **_launch_opts())
+                              BLOCK=block_size, BITS=bits, **_tile_meta(), **_launch_opts())
     return out

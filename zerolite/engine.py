@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
+from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
@@ -65,8 +66,11 @@ class ZeroEngine(DeepSpeedAccessors):
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
         self._config = config
+        self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
+        place_module(model, self.device)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self.device_layer = make_device_layer(self.device)
         zc = config.zero_optimization
         if unit_policy is None and config.zerolite.unit_policy:
             policy = policy_from_classes(config.zerolite.unit_policy)
@@ -85,8 +89,10 @@ class ZeroEngine(DeepSpeedAccessors):
                                         zc, reduce_once_per_step=config.zerolite
                                         .reduce_once_per_step),
                                     unit_policy=policy,
-                                    reducer=build_grad_reducer(config, self.world_size),
-                                    gatherer=build_param_gatherer(config))
+                                    reducer=build_grad_reducer(config, self.world_size,
+                                                               self.device_layer),
+                                    gatherer=build_param_gatherer(config, self.device_layer),
+                                    device_layer=self.device_layer)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
@@ -217,7 +223,7 @@ class ZeroEngine(DeepSpeedAccessors):
         loss = None
         if w.losses:  # collected on every rank for exactly the logged steps: one all-reduce
             total = torch.tensor(sum(w.losses) / len(w.losses), dtype=torch.float64,
-                                 device=self.sharded.flats[0].shard.device)
+                                 device=self.device)
             if self.world_size > 1:
                 dist.all_reduce(total)
             loss = total.item() / self.world_size
@@ -246,7 +252,7 @@ class ZeroEngine(DeepSpeedAccessors):
         # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
         # The float64 sum of squares is non-finite iff some element is (fp32 squares cannot
         # overflow float64), so the all-reduced norm doubles as the fp16 overflow check.
-        norm = global_grad_norm(grads, distributed=self.sharded.partitions > 1)
+        norm = global_grad_norm(grads, self.sharded.partitions > 1, device=self.device)
         if self.loss_scaler is not None:
             scale = self.loss_scaler.loss_scale
             overflow = not math.isfinite(norm)
@@ -296,10 +302,8 @@ class ZeroEngine(DeepSpeedAccessors):
         try:
             return getattr(module, name)
         except AttributeError:
-            raise AttributeError(
-                f"{name!r}: neither zerolite's engine nor the wrapped {type(module).__name__} has "
-                "this attribute (DeepSpeed engine attributes zerolite provides are listed in "
-                "the README)") from None
+            raise AttributeError(f"{name!r}: neither zerolite's engine nor the wrapped "
+                                 f"{type(module).__name__} has this attribute") from None
 
     @contextmanager
     def no_sync(self):
@@ -383,11 +387,6 @@ class ZeroEngine(DeepSpeedAccessors):
                                load_optimizer_states=load_optimizer_states,
                                load_lr_scheduler_states=load_lr_scheduler_states,
                                load_module_only=load_module_only)
-
-    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
-        from zerolite.checkpoint import consolidated_16bit_state_dict
-
-        return consolidated_16bit_state_dict(self, exclude_frozen_parameters)
 
     def save_16bit_model(self, save_dir, save_filename: str = "model.safetensors",
                          exclude_frozen_parameters: bool = False):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import torch
 
 from zerolite.errors import ZeroliteConfigError
 
@@ -39,7 +38,8 @@ class ConfigView(Mapping):
 
 
 class DeepSpeedAccessors:
-    """Mixed into ZeroEngine; relies on its `_config`, `sharded`, `rank` and `world_size`."""
+    """Mixed into ZeroEngine; relies on its `_config`, `rank` and `world_size` (`device` is the
+    engine's own attribute)."""
 
     # -- who and where ----------------------------------------------------------------
     @property
@@ -63,11 +63,6 @@ class DeepSpeedAccessors:
     @property
     def mp_world_size(self) -> int:
         return 1
-
-    @property
-    def device(self) -> torch.device:
-        """Where the engine keeps parameters and expects inputs (the shards' device)."""
-        return self.sharded.flats[0].shard.device
 
     @property
     def mpu(self):
@@ -129,6 +124,14 @@ class DeepSpeedAccessors:
 
     def zero_cpu_offload(self) -> bool:
         return False
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """The full 16-bit state dict on every rank (collective), as Transformers' and
+        Accelerate's save_model read it."""
+        from zerolite.checkpoint import consolidated_16bit_state_dict
+
+        return consolidated_16bit_state_dict(self, exclude_frozen_parameters)
 
     # -- lifecycle ----------------------------------------------------------------------
     def destroy(self) -> None:

@@ -44,17 +44,23 @@ def _gathered_params(engine, exclude_frozen: bool):
 
 @torch.no_grad()
 def consolidated_16bit_state_dict(engine, exclude_frozen_parameters: bool = False) -> dict:
-    """Full parameters (compute dtype) and buffers on rank 0, {} elsewhere. Collective."""
+    """Full parameters (compute dtype) and buffers on rank 0, {} elsewhere, on the CPU (as
+    DeepSpeed returns them). Collective.
+
+    Note: each flat is gathered on the device and copied out before the next one, so the
+    device holds one full flat at a time, never a second copy of the whole model."""
     out = {}
     for flat, full in _gathered_params(engine, exclude_frozen_parameters):
         if engine.rank == 0:
+            full = full.to("cpu")
             for s in flat.slots:
                 value = full[s.offset:s.offset + s.numel].view(s.shape).clone()
                 for name in s.names:
                     out[name] = value
+        del full
     if engine.rank == 0:
         for name, buf in persistent_buffers(engine.module).items():
-            out[name] = buf.detach().clone()
+            out[name] = buf.detach().to("cpu", copy=True)
     return out
 
 

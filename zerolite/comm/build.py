@@ -5,15 +5,22 @@ import torch
 
 from zerolite.comm.quantized import QuantizedGradReducer, QuantizedParamGatherer
 from zerolite.comm.reducers import GradReducer, ParamGatherer
+from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def build_grad_reducer(config, world_size: int) -> GradReducer:
+def build_grad_reducer(config, world_size: int, layer=None):
     """Exact reducer (optionally 16-bit on the wire), or ZeRO++ qgZ when
     `zero_optimization.zero_quantized_gradients` is on (bits, block size and error feedback
     from the top-level `zerolite` block). Note: quantized gradients take precedence over
-    `communication_data_type` and `prescale_gradients`; they send codes, not 16-bit values."""
+    `communication_data_type` and `prescale_gradients`; they send codes, not 16-bit values.
+    With a device layer, the reducer's work runs on its reduce stream (comm/streamed.py)."""
+    reducer = _grad_reducer(config, world_size)
+    return reducer if layer is None else StreamedReducer(reducer, layer)
+
+
+def _grad_reducer(config, world_size: int) -> GradReducer:
     if config.zero_optimization.zero_quantized_gradients:
         extras = config.zerolite
         return QuantizedGradReducer(world_size, bits=extras.quantized_gradients_bits,
@@ -24,9 +31,15 @@ def build_grad_reducer(config, world_size: int) -> GradReducer:
     return GradReducer(world_size, comm_dtype=comm_dtype, predivide=predivide)
 
 
-def build_param_gatherer(config) -> ParamGatherer:
+def build_param_gatherer(config, layer=None):
     """Exact all-gather, or ZeRO++ qwZ (int8 blocks) when
-    `zero_optimization.zero_quantized_weights` is on."""
+    `zero_optimization.zero_quantized_weights` is on; with a device layer, on its all-gather
+    stream and communicator."""
     if config.zero_optimization.zero_quantized_weights:
-        return QuantizedParamGatherer(bits=8, block_size=config.zerolite.quantized_block_size)
-    return ParamGatherer()
+        gatherer = QuantizedParamGatherer(bits=8, block_size=config.zerolite.quantized_block_size)
+    else:
+        gatherer = ParamGatherer()
+    if layer is None:
+        return gatherer
+    gatherer.group = layer.gather.group
+    return StreamedGatherer(gatherer, layer)

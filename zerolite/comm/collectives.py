@@ -61,7 +61,8 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group=None, async
         return _all_gather_flat(output, shard, group=group, async_op=async_op)
 
 
-def start_full_flat_gather(out: torch.Tensor, shard: torch.Tensor, partitions: int):
+def start_full_flat_gather(out: torch.Tensor, shard: torch.Tensor, partitions: int,
+                           group=None):
     """Start filling `out` (a flat's full padded buffer) from every rank's equal `shard`.
 
     `partitions == 1` means nothing is sharded (stage 0, world 1): the shard already is the
@@ -73,7 +74,7 @@ def start_full_flat_gather(out: torch.Tensor, shard: torch.Tensor, partitions: i
         if out.data_ptr() != shard.data_ptr():  # a flat's full buffer may be its shard
             out.copy_(shard)
         return None
-    return all_gather_flat(out, shard.contiguous(), async_op=True)
+    return all_gather_flat(out, shard.contiguous(), group=group, async_op=True)
 
 
 def gather_full_flat(shard: torch.Tensor, partitions: int) -> torch.Tensor:

@@ -37,9 +37,13 @@ def free_port() -> int:
 
 
 def default_backend() -> str:
-    """nccl where CUDA is usable, gloo otherwise (the CPU test platform)."""
+    """NCCL for CUDA tensors where CUDA is usable, gloo otherwise (the CPU test platform).
+
+    With CUDA it is "cpu:gloo,cuda:nccl": the engine's collectives run on NCCL, and the CPU
+    tensors of checkpoint, telemetry and user code keep working on gloo (as with DeepSpeed
+    on CPU-side objects)."""
     if torch.cuda.is_available() and dist.is_nccl_available():
-        return "nccl"
+        return "cpu:gloo,cuda:nccl"
     return "gloo"
 
 
@@ -79,7 +83,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
                 os.environ["MASTER_PORT"] = str(free_port())
         init_method = "env://"
     backend = dist_backend or default_backend()
-    if backend == "nccl":
+    if "nccl" in backend:
         local_rank = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
         torch.cuda.set_device(local_rank)
     if verbose and rank == 0:

@@ -187,8 +187,10 @@ class QuantizedParamGatherer(ParamGatherer):
         all_codes = torch.empty((parts, codes.shape[1]), dtype=codes.dtype, device=codes.device)
         all_scales = torch.empty((parts, scales.shape[1]), dtype=scales.dtype,
                                  device=scales.device)
-        w_codes = all_gather_flat(all_codes.view(-1), codes.reshape(-1), async_op=True)
-        w_scales = all_gather_flat(all_scales.view(-1), scales.reshape(-1), async_op=True)
+        w_codes = all_gather_flat(all_codes.view(-1), codes.reshape(-1), group=self.group,
+                                  async_op=True)
+        w_scales = all_gather_flat(all_scales.view(-1), scales.reshape(-1), group=self.group,
+                                   async_op=True)
         self.bytes_sent["all_gather"] += wire_bytes(
             "all_gather", codes.numel() * codes.element_size()
             + scales.numel() * scales.element_size(), parts)

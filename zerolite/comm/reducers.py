@@ -119,8 +119,11 @@ class ParamGatherer:
 
     def __init__(self):
         self.bytes_sent: Counter = Counter()
+        self.group = None
+        """Process group of the gathers (the device layer's gather communicator on NCCL)."""
 
     def start(self, flat):
         self.bytes_sent["all_gather"] += wire_bytes(
             "all_gather", flat.shard.numel() * flat.shard.element_size(), flat.partitions)
-        return start_full_flat_gather(flat.alloc_full(), flat.shard, flat.partitions)
+        return start_full_flat_gather(flat.alloc_full(), flat.shard, flat.partitions,
+                                      group=self.group)

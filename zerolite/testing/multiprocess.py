@@ -1,6 +1,10 @@
-"""Run a function on N real processes joined by a gloo process group on 127.0.0.1.
+"""Run a function on N real processes joined by a process group on 127.0.0.1.
 
-Ranks are forked (about 0.1 s each, against ~3 s for spawn) with one intra-op thread each.
+On CPU ranks are forked (about 0.1 s each, against ~3 s for spawn) and join a gloo group.
+With CUDA they are spawned (a process that has touched CUDA cannot fork usable children):
+NCCL when every rank gets a GPU of its own, gloo on CUDA tensors when ranks share one (NCCL
+refuses two ranks on one device; the one-GPU check machine runs 2 ranks that way).
+Each rank has one intra-op thread.
 The first rank to fail makes the others be killed at once and its traceback is raised in
 the parent: a failure never turns into a hang.
 """
@@ -25,13 +29,24 @@ class RankFailed(RuntimeError):
     """A rank raised, died or timed out; the message carries its traceback."""
 
 
-def _child(fn, rank, world_size, port, conn, comm_timeout_s, args, kwargs):
+def harness_mode(world_size: int) -> tuple[str, str]:
+    """(start method, backend) for `world_size` ranks on this machine."""
+    if not torch.cuda.is_available():
+        return "fork", "gloo"
+    if world_size <= torch.cuda.device_count() and dist.is_nccl_available():
+        return "spawn", "nccl"
+    return "spawn", "gloo"
+
+
+def _child(fn, rank, world_size, port, conn, comm_timeout_s, backend, args, kwargs):
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world_size))
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+        if torch.cuda.is_available():
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=comm_timeout_s))
         result = fn(rank, world_size, *args, **kwargs)
         # Plain pickle (by value): torch's multiprocessing reducers would pass tensors as
@@ -47,19 +62,24 @@ def _child(fn, rank, world_size, port, conn, comm_timeout_s, args, kwargs):
 
 
 def run_ranks(fn, world_size: int, *args, timeout_s: float = 120.0,
-              comm_timeout_s: float = 60.0, **kwargs) -> list:
-    """Call `fn(rank, world_size, *args, **kwargs)` on `world_size` forked processes.
+              comm_timeout_s: float = 60.0, backend: str | None = None,
+              start_method: str | None = None, **kwargs) -> list:
+    """Call `fn(rank, world_size, *args, **kwargs)` on `world_size` processes.
 
     Returns the per-rank return values (they must pickle). Raises RankFailed with the first
-    failing rank's traceback; the other ranks are killed.
+    failing rank's traceback; the other ranks are killed. `backend` overrides the choice of
+    `harness_mode` and `start_method` its start method (spawned ranks need `fn` importable by
+    module path).
     """
-    ctx = mp.get_context("fork")
+    method, default = harness_mode(world_size)
+    ctx = mp.get_context(start_method or method)
     port = free_port()
     procs, conns = [], []
     for rank in range(world_size):
         parent_conn, child_conn = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_child, daemon=True,
-                        args=(fn, rank, world_size, port, child_conn, comm_timeout_s, args, kwargs))
+                        args=(fn, rank, world_size, port, child_conn, comm_timeout_s,
+                              backend or default, args, kwargs))
         p.start()
         child_conn.close()
         procs.append(p)

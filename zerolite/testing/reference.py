@@ -37,9 +37,10 @@ def train_reference(model, batches, make_optimizer, clip: float = 0.0):
     Returns (per-step losses, final fp32 state dict).
     """
     opt = make_optimizer(model.parameters())
+    device = next(model.parameters()).device
     losses = []
     for x, y in batches:
-        loss = model(x, y)
+        loss = model(x.to(device), y.to(device))
         loss.backward()
         if clip > 0:
             clip_grads_([p.grad for p in model.parameters()], clip)
@@ -50,13 +51,15 @@ def train_reference(model, batches, make_optimizer, clip: float = 0.0):
 
 
 def train_engine(engine, batches, rank: int, world_size: int):
-    """Run the engine over the same global batches; returns the per-step mean losses."""
+    """Run the engine over the same global batches (moved to `engine.device`, as a user's
+    script does); returns the per-step mean losses."""
     gas = engine.gradient_accumulation_steps()
+    device = getattr(engine, "device", torch.device("cpu"))
     losses = []
     for batch in batches:
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=device)
         for x, y in rank_micro_batches(batch, rank, world_size, gas):
-            loss = engine(x, y)
+            loss = engine(x.to(device), y.to(device))
             engine.backward(loss)
             engine.step()
             total += loss.item()

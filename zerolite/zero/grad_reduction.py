@@ -45,13 +45,11 @@ class GradReduction:
 
     def _complete(self, item) -> None:
         pending, flat, buf, start, name = item
-        wait_start = self.stats.now()
-        with record_function(f"zerolite::wait_reduce {name}"):
+        with self.stats.timed_wait("reduce_scatter_wait_s"), \
+                record_function(f"zerolite::wait_reduce {name}"):
             shard = pending.wait()
         end = self.stats.now()
-        current = self.stats.current
-        current.reduce_scatter_s += end - start
-        current.reduce_scatter_wait_s += end - wait_start
+        self.stats.current.reduce_scatter_s += end - start
         self.stats.event("comm", f"reduce {name}", start, end)
         self._inflight_numel -= flat.padded_numel
         if shard.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from zerolite.device import default_device
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero import module_patching
 from zerolite.zero.sliced_param import is_partitioned, partition_param
@@ -50,6 +51,8 @@ class Init:
         self.peak_param_bytes = 0
         self.num_partitioned = 0
         self._depth: dict[int, int] = {}
+        self.device = default_device()
+        """Where the slices go: the engine's device (cuda:LOCAL_RANK or cpu), as DeepSpeed."""
         if not enabled:
             return
         if mpu is not None:
@@ -59,7 +62,7 @@ class Init:
                                          **kwargs).items() if v not in (None, False)}
         if remote_device in ("cpu", "nvme"):
             logger.warning("zero.Init(remote_device=%r): offload is not supported; parameter "
-                           "slices stay on the device they are created on", remote_device)
+                           "slices go to the engine's device (%s)", remote_device, self.device)
         if ignored:
             logger.debug("zero.Init: ignoring %s", sorted(ignored))
         if not dist.is_initialized():
@@ -97,5 +100,6 @@ class Init:
                       {p.untyped_storage().data_ptr(): p for p in todo}.values())
         self.peak_param_bytes = max(self.peak_param_bytes, self.partitioned_bytes + pending)
         for p in todo:
-            self.partitioned_bytes += partition_param(p, self.dtype, ds_id=self.num_partitioned)
+            self.partitioned_bytes += partition_param(p, self.dtype, ds_id=self.num_partitioned,
+                                                      device=self.device)
             self.num_partitioned += 1

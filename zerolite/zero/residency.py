@@ -80,12 +80,11 @@ class Residency:
                 self.stats.current.prefetched += 1
         if unit.state is UnitState.GATHERING:
             start = self.stats.now()
-            with record_function(f"zerolite::wait_gather {unit.name}"):
+            with self.stats.timed_wait("all_gather_wait_s"), \
+                    record_function(f"zerolite::wait_gather {unit.name}"):
                 unit.wait_gathered()
             self.stats.poll()
-            end = self.stats.now()
-            self.stats.current.all_gather_wait_s += end - start
-            self.stats.event("wait", f"wait {unit.name}", start, end)
+            self.stats.event("wait", f"wait {unit.name}", start, self.stats.now())
         self._note_live()
 
     def prefetch_phase_start(self, phase) -> None:

@@ -81,7 +81,8 @@ class ShardedModel:
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype,
                  group_of: dict[nn.Parameter, int], rank: int, world_size: int,
                  options: ShardingOptions | None = None, unit_policy: UnitPolicy | None = None,
-                 reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None):
+                 reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None,
+                 device_layer=None):
         options = options or ShardingOptions()
         self.module = module
         self.options = options
@@ -115,7 +116,7 @@ class ShardedModel:
         self.saved_views = SavedViewHooks(self.pool, self._regather_for_backward)
         self._views_active = False
         self.in_backward = False
-        self.stats = StatsRecorder(trace=options.trace)
+        self.stats = StatsRecorder(trace=options.trace, layer=device_layer)
         self.residency = Residency(self.units, self.gatherer, stage=self.stage,
                                    prefetch_numel=options.prefetch_numel,
                                    max_live_numel=options.max_live_numel,

@@ -89,13 +89,15 @@ def _placeholder(p: torch.Tensor, shape) -> torch.Tensor:
 # -- partition / gather / release of one parameter ------------------------------------------
 @torch.no_grad()
 def partition_param(p: nn.Parameter, dtype: torch.dtype | None = None,
-                    ds_id: int | None = None) -> int:
-    """Broadcast `p` from rank 0, keep this rank's slice; returns the slice's bytes."""
+                    ds_id: int | None = None, device: torch.device | None = None) -> int:
+    """Broadcast `p` from rank 0, keep this rank's slice on `device` (default: where `p`
+    is); returns the slice's bytes."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    full = p.detach().contiguous()
+    device = p.device if device is None else torch.device(device)
+    full = p.detach().to(device).contiguous()
     broadcast_(full, src=0)
     info = PartitionInfo(torch.Size(p.shape), p.numel(), rank, world)
-    info.local = torch.zeros(info.shard_numel, dtype=dtype or p.dtype, device=p.device)
+    info.local = torch.zeros(info.shard_numel, dtype=dtype or p.dtype, device=device)
     info.keep_local_part(full)
     local = info.local
     p.data = _placeholder(local, info.shape)

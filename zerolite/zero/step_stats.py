@@ -1,10 +1,16 @@
 """Per-step accounting of communication vs compute, for logs, benchmarks and timelines.
 
 all_gather_s      sum over gathers of issue -> completion seen (an upper bound, see poll)
-all_gather_wait_s time the compute thread was blocked waiting for a gather (exposed)
+all_gather_wait_s time compute was blocked waiting for a gather (exposed)
 reduce_scatter_s  sum over reductions of issue -> wait returned (an upper bound: gloo's
                   reduce-scatter work has no completion future)
 reduce_scatter_wait_s  time blocked in those waits (exposed)
+all_gather_stream_s / reduce_stream_s  time the side streams spent on each submit (from
+                  after its "consumed" wait to its "ready" event); see below
+Note: on CUDA the host runs ahead of the GPU, so host clocks say nothing about the GPU:
+the *_wait_s are CUDA events on the compute stream around each wait (how long compute
+stalled) and the *_stream_s are events on the side streams, read at the end of the step.
+On CPU both are the host clock (the device layer's timers), as before.
 peak_live_bytes   most full-parameter bytes gathered at once
 compute_s         forward + backward time of the step minus the exposed waits above
                   (filled by the engine at the optimizer step)
@@ -12,7 +18,10 @@ compute_s         forward + backward time of the step minus the exposed waits ab
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+
+from zerolite.device.layer import DeviceLayer
 
 
 @dataclass
@@ -25,6 +34,8 @@ class StepStats:
     prefetched: int = 0
     peak_live_bytes: int = 0
     compute_s: float = 0.0
+    all_gather_stream_s: float = 0.0
+    reduce_stream_s: float = 0.0
     events: list = field(default_factory=list)
     """(lane, name, start_s, end_s) when tracing is on."""
 
@@ -35,12 +46,23 @@ class StepStats:
 
 
 class StatsRecorder:
-    def __init__(self, trace: bool = False):
+    def __init__(self, trace: bool = False, layer: DeviceLayer | None = None):
         self.trace = trace
+        self.layer = layer if layer is not None else DeviceLayer("cpu")
         self.t0 = time.perf_counter()
         self.current = StepStats()
         self.last = StepStats()
         self._pending: list = []
+        self._timed: list = []
+
+    @contextmanager
+    def timed_wait(self, field_name: str):
+        """Add the time compute spends inside the block to `field_name` (at end_step)."""
+        timer = self.layer.timer().start()
+        try:
+            yield
+        finally:
+            self._timed.append((self.current, field_name, timer.stop()))
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -81,5 +103,11 @@ class StatsRecorder:
 
     def end_step(self) -> StepStats:
         self.poll()
+        for stats, name, timer in self._timed:
+            setattr(stats, name, getattr(stats, name) + timer.seconds())
+        self._timed = []
+        layer, cur = self.layer, self.current
+        cur.all_gather_stream_s += sum(s for _, s in layer.side_seconds(layer.gather))
+        cur.reduce_stream_s += sum(s for _, s in layer.side_seconds(layer.reduce))
         self.last, self.current = self.current, StepStats()
         return self.last

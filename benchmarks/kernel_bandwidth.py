@@ -1,0 +1,125 @@
+"""GB/s of the quantization kernels on one CUDA device, against its memory bandwidth.
+
+    python benchmarks/kernel_bandwidth.py --out benchmarks/results/gpu_check/kernels.json
+
+For int8 and int4 (block 256): quantize (fp32 in -> codes + scales), dequantize (codes +
+scales -> fp32) and the fused dequantize-sum of K=8 chunks (what qgZ runs after its
+all-to-all). GB/s = bytes a kernel must read and write / its median time (CUDA events,
+after autotuning). The reference is the device's own copy bandwidth (`dst.copy_(src)`,
+read + write), and the spec figure where the driver reports clock and bus width.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BLOCK, K = 256, 8
+
+
+def traffic_bytes(op: str, n: int, bits: int, block: int = BLOCK, k: int = K) -> int:
+    """Bytes read + written by one call on `n` elements (per chunk for dequantize_sum)."""
+    nb = -(-n // block)
+    packed = nb * block * bits // 8 + nb * 4  # codes of the padded length + fp32 scales
+    if op == "quantize":
+        return n * 4 + packed
+    if op == "dequantize":
+        return packed + n * 4
+    if op == "dequantize_sum":
+        return k * packed + n * 4
+    raise ValueError(op)
+
+
+def spec_bandwidth_gbs(props) -> float | None:
+    """2 transfers per clock x bus width, where the driver reports both (HBM, GDDR)."""
+    clock_khz = getattr(props, "memory_clock_rate", None)
+    bus_bits = getattr(props, "memory_bus_width", None)
+    if not clock_khz or not bus_bits:
+        return None
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+
+
+def time_s(fn, warmup: int = 3, iters: int = 20) -> float:
+    for _ in range(warmup):  # the first calls compile and autotune
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def run(n: int) -> dict:
+    from triton_kernels.quantize_triton import (dequantize_sum_triton, dequantize_triton,
+                                                quantize_triton)
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(dev)
+    src = torch.randn(n, device=dev)
+    dst = torch.empty_like(src)
+    copy_gbs = 2 * n * 4 / time_s(lambda: dst.copy_(src)) / 1e9
+    rows = []
+    for bits in (8, 4):
+        codes, scales = quantize_triton(src, bits, BLOCK)
+        chunk = n // K
+        c2 = torch.stack([quantize_triton(src[i * chunk:(i + 1) * chunk], bits, BLOCK)[0]
+                          for i in range(K)])
+        s2 = torch.stack([quantize_triton(src[i * chunk:(i + 1) * chunk], bits, BLOCK)[1]
+                          for i in range(K)])
+        cases = {"quantize": (lambda: quantize_triton(src, bits, BLOCK), n),
+                 "dequantize": (lambda: dequantize_triton(codes, scales, bits, BLOCK, n), n),
+                 "dequantize_sum": (lambda: dequantize_sum_triton(c2, s2, bits, BLOCK, chunk),
+                                    chunk)}
+        for op, (fn, elems) in cases.items():
+            seconds = time_s(fn)
+            gbs = traffic_bytes(op, elems, bits) / seconds / 1e9
+            rows.append({"op": op, "bits": bits, "elements": elems, "seconds": seconds,
+                         "GB/s": gbs, "vs_copy": gbs / copy_gbs})
+    spec = spec_bandwidth_gbs(props)
+    for r in rows:
+        r["vs_spec"] = r["GB/s"] / spec if spec else None
+    return {"device": props.name, "elements": n, "block": BLOCK, "K": K,
+            "copy_GB/s": copy_gbs, "spec_GB/s": spec, "kernels": rows}
+
+
+def table(result: dict) -> str:
+    spec = result["spec_GB/s"]
+    lines = [f"device {result['device']}: copy {result['copy_GB/s']:.0f} GB/s"
+             + (f", spec {spec:.0f} GB/s" if spec else ", spec n/a"),
+             "| kernel | bits | GB/s | vs copy | vs spec |", "|---|---|---|---|---|"]
+    for r in result["kernels"]:
+        vs_spec = f"{r['vs_spec']:.0%}" if r["vs_spec"] else "n/a"
+        lines.append(f"| {r['op']} | {r['bits']} | {r['GB/s']:.0f} | {r['vs_copy']:.0%} | "
+                     f"{vs_spec} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--elements", type=int, default=1 << 28)  # 1 GiB of fp32
+    p.add_argument("--out", default="benchmarks/results/gpu_check/kernels.json")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernel_bandwidth: needs a CUDA device; nothing measured")
+        return 0
+    result = run(args.elements)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

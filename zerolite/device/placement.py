@@ -1,0 +1,48 @@
+"""Moving a user's module onto the engine's device, as `deepspeed.initialize` does.
+
+[Note: not `module.to(device)`] Under `zero.Init` a parameter's `.data` is a stride-0
+placeholder and its values live in `p.zl_partitioned.local` (this rank's slice);
+`module.to()` would materialise the placeholder at full size on the device and leave the
+slice behind. We move the slice and rebuild the one-element placeholder there instead,
+and keep the user's Parameter objects (only `.data` changes).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def place_module(module: nn.Module, device: torch.device | str) -> nn.Module:
+    """Move every parameter, gradient and buffer of `module` to `device` (in place)."""
+    device = torch.device(device)
+    return move_module(module, lambda t: t.to(device))
+
+
+@torch.no_grad()
+def move_module(module: nn.Module, move) -> nn.Module:
+    """Apply `move` (tensor -> tensor, returning its input when nothing changes) to every
+    parameter value, zero.Init slice, gradient and buffer of `module`."""
+    for sub in module.modules():
+        for p in sub.parameters(recurse=False):
+            info = getattr(p, "zl_partitioned", None)
+            if info is None:
+                moved = move(p.data)
+                if moved is not p.data:
+                    p.data = moved
+            else:
+                local = move(info.local)
+                if local is not info.local:
+                    info.local = p.ds_tensor = local
+                    if info.gathered:  # inside GatheredParameters: the full value is real
+                        p.data = move(p.data)
+                    else:
+                        one = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device)
+                        p.data = move(one).expand(info.shape)
+            if p.grad is not None:
+                grad = move(p.grad)
+                if grad is not p.grad:
+                    p.grad = grad
+        for key, buf in sub._buffers.items():
+            if buf is not None:
+                sub._buffers[key] = move(buf)
+    return module
