@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_map
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.comm.last_collective import RECORD as LAST, set_phase
 from zerolite.device import default_device, make_device_layer, place_module
+from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
 from zerolite.offload import wrap_optimizer_for_offload
@@ -62,7 +63,7 @@ class _StepWindow:
     losses: list = field(default_factory=list)
 
 
-class ZeroEngine:
+class ZeroEngine(DeepSpeedAccessors):
     def __init__(self, model: nn.Module, config, *, model_parameters=None, optimizer=None,
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
         self.module = model
@@ -305,7 +306,11 @@ class ZeroEngine:
         module = self.__dict__.get("module")
         if module is None:
             raise AttributeError(name)
-        return getattr(module, name)
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"{name!r}: neither zerolite's engine nor the wrapped "
+                                 f"{type(module).__name__} has this attribute") from None
 
     @contextmanager
     def no_sync(self):
@@ -356,10 +361,6 @@ class ZeroEngine:
     def bfloat16_enabled(self) -> bool:
         return self._config.bf16.enabled
 
-    @property
-    def config(self):
-        return self._config
-
     def memory_stats(self) -> dict:
         """This rank's resident memory and what zerolite itself holds, in bytes."""
         shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)
@@ -396,11 +397,6 @@ class ZeroEngine:
                                load_optimizer_states=load_optimizer_states,
                                load_lr_scheduler_states=load_lr_scheduler_states,
                                load_module_only=load_module_only)
-
-    def _zero3_consolidated_16bit_state_dict(self):
-        from zerolite.checkpoint import consolidated_16bit_state_dict
-
-        return consolidated_16bit_state_dict(self)
 
     def save_16bit_model(self, save_dir, save_filename: str = "model.safetensors",
                          exclude_frozen_parameters: bool = False):

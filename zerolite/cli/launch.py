@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_restarts", type=int, default=0, help="torchrun --max-restarts")
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="print the torchrun command and exit")
+    p.add_argument("--as-deepspeed", "--as_deepspeed", dest="as_deepspeed", action="store_true",
+                   help="run an unchanged DeepSpeed program: `import deepspeed` means zerolite "
+                        "in every rank (and the processes it starts)")
+    p.add_argument("--no_local_rank", "--no-local-rank", dest="no_local_rank",
+                   action="store_true",
+                   help="with --as-deepspeed: do not pass --local_rank=N to the script "
+                        "(DeepSpeed's launcher passes it by default)")
     p.add_argument("user_script", help="training script")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
@@ -251,7 +258,12 @@ def plan(args: argparse.Namespace, *, gpus: int | None = None,
         port = args.master_port if args.master_port != -1 else DEFAULT_MASTER_PORT
         cmd += [f"--node-rank={node_rank}", f"--master-addr={addr}", f"--master-port={port}"]
     cmd.append(f"--max-restarts={args.max_restarts}")
-    cmd += [args.user_script, *args.user_args]
+    if getattr(args, "as_deepspeed", False):
+        # torchrun -m: each rank runs zerolite.as_deepspeed, which installs the alias first.
+        local_rank = [] if args.no_local_rank else ["--pass_local_rank"]
+        cmd += ["-m", "zerolite.as_deepspeed", *local_rank, args.user_script, *args.user_args]
+    else:
+        cmd += [args.user_script, *args.user_args]
 
     env = {}
     my_slots = active[hosts[node_rank]] if args.hostfile is not None else active["localhost"]

@@ -26,6 +26,16 @@ def _version(dist_name: str, module: str | None = None) -> str:
     return f"{version} ({os.path.dirname(getattr(mod, '__file__', '') or '')})"
 
 
+def _which_deepspeed() -> str:
+    """What `import deepspeed` gives this process: none, DeepSpeed, or zerolite's alias."""
+    try:
+        from zerolite.compat import which_deepspeed
+
+        return which_deepspeed()
+    except Exception as e:  # noqa: BLE001 - a broken install is exactly what a report shows
+        return f"unknown ({type(e).__name__}: {e})"
+
+
 def _accelerator() -> list[tuple[str, str]]:
     import torch
 
@@ -97,7 +107,8 @@ def collect(check_kernel: bool = True) -> list[tuple[str, list[tuple[str, str]]]
                 ("torch", _version("torch")),
                 ("safetensors", _version("safetensors")),
                 ("psutil", _version("psutil")),
-                ("zerolite", _version("zerolite"))]
+                ("zerolite", _version("zerolite")),
+                ("deepspeed import", _which_deepspeed())]
     threads = [("torch threads", str(torch.get_num_threads()))]
     return [("versions", versions), ("accelerator", _accelerator()),
             ("distributed", [("backends available", _backends())]),

@@ -1,0 +1,80 @@
+"""DeepSpeed optimizer classes mapped onto torch / zerolite optimizers.
+
+[Note: subclasses, not fused kernels] The engine rebuilds a client optimizer over the flat
+fp32 shards with the same class and `defaults` (zerolite/optim/builder.py), so each class is a
+torch optimizer subclass whose constructor takes DeepSpeed's arguments and records the
+DeepSpeed-only ones in `defaults`. The update is the element-wise one DeepSpeed's kernels
+compute; `fp32_optimizer_states` is always true (masters are fp32).
+"""
+from __future__ import annotations
+
+import torch
+
+from zerolite.compat.deepspeed._refused import DeepSpeedFeatureNotSupported, message
+from zerolite.optim.flat_optimizers import Lion
+
+
+def _check_bias_correction(cls: str, bias_correction: bool) -> None:
+    if not bias_correction:
+        raise DeepSpeedFeatureNotSupported(message(
+            f"deepspeed.ops.adam.{cls}(bias_correction=False)",
+            "Adam without bias correction; torch's Adam always corrects"))
+
+
+class FusedAdam(torch.optim.Adam):
+    """`FusedAdam(params, lr, bias_correction, betas, eps, adam_w_mode, weight_decay, amsgrad,
+    set_grad_none)`: AdamW when `adam_w_mode` (DeepSpeed's default), else Adam with L2."""
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+                 adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True):
+        _check_bias_correction(type(self).__name__, bias_correction)
+        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad, decoupled_weight_decay=bool(adam_w_mode))
+        self.defaults.update(adam_w_mode=bool(adam_w_mode), bias_correction=True,
+                             set_grad_none=set_grad_none)
+
+
+class DeepSpeedCPUAdam(torch.optim.Adam):
+    """`DeepSpeedCPUAdam(model_params, lr, bias_correction, betas, eps, weight_decay, amsgrad,
+    adamw_mode, fp32_optimizer_states)`: AdamW when `adamw_mode` (default), else Adam."""
+
+    def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999),
+                 eps=1e-8, weight_decay=0, amsgrad=False, adamw_mode=True,
+                 fp32_optimizer_states=True):
+        _check_bias_correction(type(self).__name__, bias_correction)
+        super().__init__(model_params, lr=lr, betas=tuple(betas), eps=eps,
+                         weight_decay=weight_decay, amsgrad=amsgrad,
+                         decoupled_weight_decay=bool(adamw_mode))
+        self.defaults.update(adamw_mode=bool(adamw_mode), bias_correction=True,
+                             fp32_optimizer_states=fp32_optimizer_states)
+
+
+class DeepSpeedCPUAdagrad(torch.optim.Adagrad):
+    """`DeepSpeedCPUAdagrad(model_params, lr, eps, weight_decay, amsgrad, fp32_optimizer_states)`."""
+
+    def __init__(self, model_params, lr=1e-2, eps=1e-10, weight_decay=0, amsgrad=False,
+                 fp32_optimizer_states=True):
+        if amsgrad:
+            raise DeepSpeedFeatureNotSupported(message(
+                "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad(amsgrad=True)",
+                "DeepSpeed itself rejects amsgrad for Adagrad"))
+        super().__init__(model_params, lr=lr, eps=eps, weight_decay=weight_decay)
+        self.defaults.update(amsgrad=False, fp32_optimizer_states=fp32_optimizer_states)
+
+
+class DeepSpeedCPULion(Lion):
+    """`DeepSpeedCPULion(model_params, lr, betas, weight_decay, fp32_optimizer_states)`."""
+
+    def __init__(self, model_params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0,
+                 fp32_optimizer_states=True):
+        super().__init__(model_params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.defaults.update(fp32_optimizer_states=fp32_optimizer_states)
+
+
+class FusedLion(Lion):
+    """`FusedLion(params, lr, betas, weight_decay, set_grad_none)`."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0,
+                 set_grad_none=True):
+        super().__init__(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.defaults.update(set_grad_none=set_grad_none)

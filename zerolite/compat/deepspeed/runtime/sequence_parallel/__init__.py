@@ -1,0 +1,1 @@
+"""`deepspeed.runtime.sequence_parallel`: refused (Ulysses sequence parallelism)."""

@@ -1,0 +1,24 @@
+"""`deepspeed.runtime.zero.partition_parameters`: Init, GatheredParameters and the hooks
+Transformers patches around `zero.Init`."""
+import torch
+
+from zerolite.compat.deepspeed.accelerator import get_accelerator  # noqa: F401
+from zerolite.zero import GatheredParameters, Init  # noqa: F401
+
+_orig_torch_arange = torch.arange
+_orig_torch_empty = torch.empty
+_orig_torch_zeros = torch.zeros
+_orig_torch_ones = torch.ones
+_orig_torch_full = torch.full
+
+
+def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_device=None):
+    """[Note: nothing to wrap] DeepSpeed's zero.Init rewrites tensor constructors to the
+    target dtype/device; zerolite's keeps the dtypes the model asks for (the engine builds fp32
+    masters from them), so the constructors are returned as they are. Transformers swaps this
+    function to exempt torch.arange; that stays a no-op here."""
+    return fn
+
+
+__all__ = ["Init", "GatheredParameters", "zero_wrapper_for_fp_tensor_constructor",
+           "get_accelerator"]
