@@ -343,24 +343,6 @@ class ZeroEngine(DeepSpeedAccessors):
     def was_step_applied(self) -> bool:
         return self._step_applied
 
-    def train_batch_size(self) -> int:
-        return self._config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self._config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self) -> int:
-        return self._config.gradient_accumulation_steps
-
-    def zero_optimization_stage(self) -> int:
-        return self._config.zero_optimization.stage
-
-    def fp16_enabled(self) -> bool:
-        return self._config.fp16.enabled
-
-    def bfloat16_enabled(self) -> bool:
-        return self._config.bf16.enabled
-
     def memory_stats(self) -> dict:
         """This rank's resident memory and what zerolite itself holds, in bytes."""
         shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)

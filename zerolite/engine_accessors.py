@@ -98,6 +98,24 @@ class DeepSpeedAccessors:
                                          * self._config.gradient_accumulation_steps)
 
     # -- config questions DeepSpeed answers with methods --------------------------------
+    def train_batch_size(self) -> int:
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self._config.zero_optimization.stage
+
+    def fp16_enabled(self) -> bool:
+        return self._config.fp16.enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self._config.bf16.enabled
+
     def zero_optimization(self) -> bool:
         return self._config.zero_optimization.stage > 0
 
