@@ -66,6 +66,18 @@ def _micro_batches(x, y, gas: int):
     return [(x[i * n:(i + 1) * n], y[i * n:(i + 1) * n]) for i in range(gas)]
 
 
+def _engine_step(engine, x, y, gas: int):
+    """One optimizer step of a DeepSpeed-style engine: forward/backward/step per micro-batch
+    (the engine steps the optimizer at the accumulation boundary); the mean loss."""
+    total = 0.0
+    for xm, ym in _micro_batches(x, y, gas):
+        loss = engine(xm, ym)
+        engine.backward(loss)
+        engine.step()
+        total += loss.detach().float()
+    return total / gas
+
+
 def _block_numel(model) -> int:
     return sum(p.numel() for p in model.blocks[0].parameters())
 
@@ -88,12 +100,7 @@ def _zerolite(model, cfg, gas) -> Engine:
 
     def step(x, y):
         sent0 = sum(sum(c.values()) for c in counters)
-        total = 0.0
-        for xm, ym in _micro_batches(x, y, gas):
-            loss = engine(xm, ym)
-            engine.backward(loss)
-            engine.step()
-            total += loss.detach().float()
+        mean_loss = _engine_step(engine, x, y, gas)
         s = _finished_step_stats(engine)
         last.update(all_gather_s=s.all_gather_s, all_gather_wait_s=s.all_gather_wait_s,
                     reduce_scatter_s=s.reduce_scatter_s,
@@ -101,7 +108,7 @@ def _zerolite(model, cfg, gas) -> Engine:
                     exposed_s=s.all_gather_wait_s + s.reduce_scatter_wait_s,
                     peak_live_bytes=s.peak_live_bytes,
                     own_bytes_sent=sum(sum(c.values()) for c in counters) - sent0)
-        return total / gas
+        return mean_loss
 
     zc = cfg["zero_optimization"]
     return Engine(step, comm=lambda: dict(last),
@@ -180,12 +187,6 @@ def _deepspeed(model, cfg, gas) -> Engine:
                                       config=cfg)
 
     def step(x, y):
-        total = 0.0
-        for xm, ym in _micro_batches(x, y, gas):
-            loss = engine(xm, ym)
-            engine.backward(loss)
-            engine.step()
-            total += loss.detach().float()
-        return total / gas
+        return _engine_step(engine, x, y, gas)
 
     return Engine(step, notes=f"deepspeed {deepspeed.__version__} ZeRO-3, torch_adam, gloo")
