@@ -1,6 +1,7 @@
 """Process-group setup: `init_distributed`, as DeepSpeed's, on top of torch.distributed."""
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -61,6 +62,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     """
     del auto_mpi_discovery, config  # accepted for DeepSpeed signature compatibility
     if dist.is_initialized():
+        _destroy_group_at_exit()
         return
     if dist_init_required is False:
         return
@@ -91,3 +93,31 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
                     timeout.total_seconds())
     dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
                             world_size=world_size, timeout=timeout)
+    _destroy_group_at_exit()
+
+
+_teardown_registered = False
+
+
+def _destroy_group_at_exit() -> None:
+    """Destroy the default group in an atexit handler, once per process.
+
+    [Note: orderly teardown] Training scripts (DeepSpeed's tutorials, Accelerate's examples)
+    end without `destroy_process_group()`. The group is then torn down during interpreter
+    finalization, after daemon threads were frozen, and a rank now and then aborted there
+    ("terminate called without an active exception", SIGABRT, exit -6) after training had
+    finished. atexit runs before finalization (LIFO: after the watchdog's own stop), so the
+    group's threads are joined while the interpreter is whole.
+    """
+    global _teardown_registered
+    if not _teardown_registered:
+        _teardown_registered = True
+        atexit.register(_destroy_default_group)
+
+
+def _destroy_default_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # exiting anyway: say it, never raise from atexit
+            logger.debug("destroy_process_group at exit failed: %s", exc)
