@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -149,32 +149,44 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             inner.update({k: v for k, v in outer.items() if k != "params"})
         work = [c for c in self._chunks if c.master.grad is not None]
         self._torn |= {c.master for c in work}
-        loads = {0: self._io.submit(self._load, work[0], 0)} if work else {}
-        writes = []
-        for i, c in enumerate(work):
-            if i + 1 < len(work) and self._pool:
-                loads[i + 1] = self._io.submit(self._load, work[i + 1], (i + 1) % 2)
-            state = loads.pop(i).result() if i in loads else self._load(c, i % 2)
-            if state is not None:
-                self._inner.state[c.view] = {**c.small, **state}
-            c.view.grad = c.master.grad[c.lo:c.hi]
-            group = self._inner.param_groups[c.group]
-            group["params"] = [c.view]
-            try:
-                self._inner.step()
-            finally:
-                group["params"], c.view.grad = [], None
-            new = self._inner.state.pop(c.view)
-            tensors = {k: v for k, v in new.items()
-                       if isinstance(v, torch.Tensor) and v.shape == c.view.shape}
-            c.small = {k: v for k, v in new.items() if k not in tensors}
-            self._learn_names(tensors)
-            if c.on_disk:
-                writes.append(self._io.submit(self._store, c, tensors, 1 - c.slot))
-            else:
-                c.resident = tensors
-        for w in writes:
-            w.result()
+        futures = []
+
+        def submit(fn, *args):
+            futures.append(self._io.submit(fn, *args))
+            return futures[-1]
+
+        try:
+            loads = {0: submit(self._load, work[0], 0)} if work else {}
+            writes = []
+            for i, c in enumerate(work):
+                if i + 1 < len(work) and self._pool:
+                    loads[i + 1] = submit(self._load, work[i + 1], (i + 1) % 2)
+                state = loads.pop(i).result() if i in loads else self._load(c, i % 2)
+                if state is not None:
+                    self._inner.state[c.view] = {**c.small, **state}
+                c.view.grad = c.master.grad[c.lo:c.hi]
+                group = self._inner.param_groups[c.group]
+                group["params"] = [c.view]
+                try:
+                    self._inner.step()
+                finally:
+                    group["params"], c.view.grad = [], None
+                new = self._inner.state.pop(c.view)
+                tensors = {k: v for k, v in new.items()
+                           if isinstance(v, torch.Tensor) and v.shape == c.view.shape}
+                c.small = {k: v for k, v in new.items() if k not in tensors}
+                self._learn_names(tensors)
+                if c.on_disk:
+                    writes.append(submit(self._store, c, tensors, 1 - c.slot))
+                else:
+                    c.resident = tensors
+            for w in writes:
+                w.result()
+        except BaseException:
+            # Note: no read-ahead or write-behind of a failed step may land after step()
+            # returned: a later load_state_dict / state assignment would be overwritten.
+            wait(futures)
+            raise
         for c in work:
             c.slot = 1 - c.slot if c.on_disk else c.slot
             c.has_state = True
