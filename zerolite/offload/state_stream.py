@@ -85,7 +85,8 @@ def stream_state_in(opt: ChunkedOffloadOptimizer, master, values: dict,
         if c.on_disk:
             opt._store(c, part, 1 - c.slot)
         else:
-            resident[id(c)] = {k: t.clone() for k, t in part.items()}
+            # Note: resident chunks live where the masters do (untested off the CPU: no GPU here).
+            resident[id(c)] = {k: t.to(c.view.device, copy=True) for k, t in part.items()}
     for c in chunks:
         if c.on_disk:
             c.slot = 1 - c.slot
