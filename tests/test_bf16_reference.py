@@ -40,8 +40,13 @@ def one_thread():
 
 def _gpt_rank(rank, world):
     model = tiny_gpt()
-    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(),
-                                     config=ds_config(world, stage=3, bf16=True))
+    cfg = ds_config(world, stage=3, bf16=True)
+    # Note: torch_adam keeps torch's default (for-loop) AdamW, the kernel the reference runs:
+    # this test is about the bf16 masters, not the kernel. With the builder's fused host
+    # AdamW the masters differ by rounding and bf16 casts amplify it (measured: loss
+    # 5.1e-5 abs / 9.5e-6 rel off the reference); tests/test_host_adam.py covers that kernel.
+    cfg["optimizer"]["params"]["torch_adam"] = True
+    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     losses = train_engine(engine, batches(GPT_STEPS), rank, world)
     return losses, gather_full_state_dict(engine.sharded)
 

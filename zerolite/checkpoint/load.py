@@ -99,8 +99,12 @@ def _needed_ranks(engine, files: CheckpointFiles, plans) -> set[int]:
     return need
 
 
-def _fill(files: CheckpointFiles, flat, pieces, tensor_name: str, dst: torch.Tensor) -> None:
-    lo, hi = _my_range(flat)
+def _fill(files: CheckpointFiles, flat, pieces, tensor_name: str, dst: torch.Tensor,
+          start: int = 0) -> None:
+    """dst[:] = this rank's shard elements [start, start + dst.numel()) of `tensor_name`."""
+    lo, _ = _my_range(flat)
+    lo += start
+    hi = lo + dst.numel()
     if hi > flat.numel:  # padding
         dst[max(flat.numel - lo, 0):].zero_()
     for a, b, key, src in pieces:
@@ -205,8 +209,10 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
         state = {}
         src_key, src_lo = pieces[0][2], pieces[0][3]
         first_rank = files.ranks_for(src_key, src_lo, src_lo + 1)[0]
-        # Offloaded state (zerolite.offload) is not reused: reading it would fetch it from disk.
-        have = {} if hasattr(opt, "offload_stats") else opt.state.get(flat.master, {})
+        if hasattr(opt, "offload_stats"):
+            _stream_offloaded(opt, files, flat, pieces, desc, src_key, first_rank)
+            continue
+        have = opt.state.get(flat.master, {})
         for name, kind in desc["tensors"].items():
             if kind == "shard":
                 old = have.get(name)
@@ -218,6 +224,25 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
                 state[name] = files.read_small(first_rank, f"{src_key}/optim/{name}").clone()
         state.update(desc["values"])
         opt.state[flat.master] = state
+
+
+def _stream_offloaded(opt, files: CheckpointFiles, flat, pieces, desc, src_key,
+                      first_rank) -> None:
+    """Offloaded state (zerolite.offload) goes from the checkpoint into the swap files chunk
+    by chunk, through the optimizer's own chunk buffers: no whole-shard copy in RAM."""
+    from zerolite.offload.state_stream import stream_state_in
+
+    values = {name: files.read_small(first_rank, f"{src_key}/optim/{name}").clone()
+              for name, kind in desc["tensors"].items() if kind != "shard"}
+    values.update(desc["values"])
+    dtypes = {name: flat.master.dtype for name, kind in desc["tensors"].items()
+              if kind == "shard"}
+
+    def fill(name: str, lo: int, out: torch.Tensor) -> None:
+        out.zero_()  # what the checkpoint does not cover (load_module_strict=False) starts at 0
+        _fill(files, flat, pieces, f"optim/{name}", out, start=lo)
+
+    stream_state_in(opt, flat.master, values, dtypes, fill)
 
 
 def _load_param_groups(opt, saved: list[dict]) -> None:

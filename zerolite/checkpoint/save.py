@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import uuid
@@ -13,7 +14,7 @@ from zerolite.checkpoint import _dist
 from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.format import (FORMAT, LATEST, META, buffers_file_name, check_tag,
                                         dtype_name, flat_key, rank_file_name)
-from zerolite.checkpoint.st_io import fsync_dir, sha256_file, write_file
+from zerolite.checkpoint.st_io import LazyTensor, fsync_dir, sha256_file, write_file
 from zerolite.version import __version__
 
 logger = logging.getLogger("zerolite")
@@ -48,15 +49,53 @@ def persistent_buffers(module) -> dict[str, torch.Tensor]:
 
 
 def _optim_state(engine, flat) -> dict:
+    """The flat's optimizer state; offloaded shards give placeholders, not tensors (below)."""
     opt = engine.optimizer
     if opt is None or flat.master is None:
         return {}
+    if hasattr(opt, "offload_stats"):
+        from zerolite.offload.state_stream import state_entries
+
+        return state_entries(opt, flat.master) or {}
     return opt.state.get(flat.master, {})
 
 
+# Note: offloaded state goes from its swap files to the checkpoint through one buffer of this
+# many elements per dtype, reused for every tensor of the save (4 MiB for fp32).
+_STREAM_ELEMS = 1 << 20
+
+
+class _OffloadedStream:
+    """Produces offloaded state entries for the writer, slice by slice, in bounded buffers."""
+
+    def __init__(self, opt):
+        self._opt = opt
+        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+
+    def lazy(self, master, name: str, entry) -> LazyTensor:
+        return LazyTensor(entry.dtype, entry.shape, lambda: self._pieces(master, name, entry))
+
+    def _pieces(self, master, name, entry):
+        from zerolite.offload.state_stream import read_state_slice
+
+        numel = math.prod(entry.shape)
+        buf = self._buffers.get(entry.dtype)
+        if buf is None:
+            buf = self._buffers[entry.dtype] = torch.empty(min(_STREAM_ELEMS, numel),
+                                                           dtype=entry.dtype)
+        for lo in range(0, numel, buf.numel()):
+            piece = buf[:min(buf.numel(), numel - lo)]
+            read_state_slice(self._opt, master, name, lo, piece)
+            yield piece
+
+
 def _rank_tensors(engine, layout) -> tuple[list, dict]:
-    """This rank's tensors (views, no copies) and per-flat optimizer-state descriptions."""
+    """This rank's tensors (views, no copies; offloaded state as LazyTensors that stream from
+    the swap files) and per-flat optimizer-state descriptions."""
+    from zerolite.offload.state_stream import ShardEntry
+
     tensors, optim_meta = [], {}
+    stream = _OffloadedStream(engine.optimizer)
     for entry, flat in zip(layout, engine.sharded.flats):
         if entry["excluded"]:
             continue
@@ -65,7 +104,10 @@ def _rank_tensors(engine, layout) -> tuple[list, dict]:
         tensors.append((f"{key}/param", src))
         desc = {"tensors": {}, "values": {}}
         for name, value in _optim_state(engine, flat).items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, ShardEntry):
+                desc["tensors"][name] = "shard"
+                tensors.append((f"{key}/optim/{name}", stream.lazy(flat.master, name, value)))
+            elif isinstance(value, torch.Tensor):
                 kind = "shard" if value.shape == flat.master.shape else "whole"
                 desc["tensors"][name] = kind
                 tensors.append((f"{key}/optim/{name}", value.detach()))

@@ -16,6 +16,8 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -46,6 +48,17 @@ def _as_bytes(t: torch.Tensor):
 def _write_bytes(f, data) -> None:
     """Single point where bytes hit the file (the crash tests patch this)."""
     f.write(data)
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor produced only when the writer reaches it: `dtype` and `shape` go into the
+    header up front; `pieces()` then yields its contents in order as CPU tensors of `dtype`.
+    Each piece is written and hashed before the next is asked for, so the pieces may be views
+    of one reused buffer (offloaded optimizer state streams from its swap files this way)."""
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    pieces: Callable[[], Iterable[torch.Tensor]]
 
 
 class StreamingWriter:
@@ -93,6 +106,26 @@ class StreamingWriter:
         if tensor.numel():
             self._emit(_as_bytes(tensor))
 
+    def write_lazy(self, name: str, lazy: LazyTensor) -> None:
+        want, dtype, shape = self._order[self._next]
+        if name != want or lazy.dtype != dtype or tuple(lazy.shape) != shape:
+            raise ZeroliteCheckpointError(
+                f"{self.path}: internal error, expected tensor {want!r} {dtype} {shape}, got "
+                f"{name!r} {lazy.dtype} {tuple(lazy.shape)}")
+        self._next += 1
+        left = math.prod(shape)
+        for piece in lazy.pieces():
+            if piece.dtype != dtype or piece.numel() > left:
+                raise ZeroliteCheckpointError(
+                    f"{self.path}: internal error, tensor {name!r} produced a {piece.dtype} "
+                    f"piece of {piece.numel()} elements with {left} left to write")
+            left -= piece.numel()
+            if piece.numel():
+                self._emit(_as_bytes(piece))
+        if left:
+            raise ZeroliteCheckpointError(f"{self.path}: internal error, tensor {name!r} "
+                                          f"ended {left} elements short")
+
     def close(self) -> tuple[str, int]:
         if self._next != len(self._order):
             raise ZeroliteCheckpointError(f"{self.path}: internal error, "
@@ -110,11 +143,16 @@ class StreamingWriter:
                 os.remove(self.path)
 
 
-def write_file(path, tensors: list[tuple[str, torch.Tensor]], metadata=None) -> tuple[str, int]:
+def write_file(path, tensors: list[tuple[str, torch.Tensor | LazyTensor]],
+               metadata=None) -> tuple[str, int]:
+    """Write `tensors` in order; a LazyTensor is produced only when its turn comes."""
     w = StreamingWriter(path, [(n, t.dtype, tuple(t.shape)) for n, t in tensors], metadata)
     try:
         for name, t in tensors:
-            w.write(name, t)
+            if isinstance(t, LazyTensor):
+                w.write_lazy(name, t)
+            else:
+                w.write(name, t)
         return w.close()
     except BaseException:
         w.abort()

@@ -65,4 +65,25 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     # zerolite.config, which also validated every value.
     params = dict(opt_params or {})
     cls = _optimizer_class(opt_type, params)
-    return cls(master_groups, **_accepted_kwargs(cls, params))
+    kwargs = _accepted_kwargs(cls, params)
+    if _host_fused_adam(cls, params, master_groups):
+        kwargs["fused"] = True
+    return cls(master_groups, **kwargs)
+
+
+def _host_fused_adam(cls, params: dict, master_groups: list[dict]) -> bool:
+    """Whether a config-built Adam/AdamW over host (CPU) masters should use torch's fused kernel.
+
+    [Note: fused CPU Adam] On CPU torch's default (foreach=None) is the single-tensor for-loop;
+    fused=True is 5-10x faster on our flat shards and about as fast as DeepSpeedCPUAdam
+    (benchmarks/cpu_adam_bench.py). DeepSpeed itself steps host state with its own kernel unless
+    `torch_adam` is true, so zerolite does the same: `"torch_adam": true` keeps torch's default.
+    The fused update is not bitwise the for-loop's: it differs by at most 2.4e-7 in a parameter
+    after 10 steps (|param| <= 5), so references built on plain torch AdamW compare with a
+    tolerance (tests/test_host_adam.py measures the difference).
+    Client optimizers are rebuilt as the user made them (plain torch users get torch's default).
+    """
+    if cls not in (torch.optim.Adam, torch.optim.AdamW) or params.get("torch_adam", False):
+        return False
+    masters = [p for g in master_groups for p in g["params"]]
+    return bool(masters) and all(p.device.type == "cpu" for p in masters)
