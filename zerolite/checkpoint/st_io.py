@@ -96,23 +96,23 @@ class StreamingWriter:
             self._hash.update(chunk)
         self._size += len(mv)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        want, dtype, shape = self._order[self._next]
-        if name != want or tensor.dtype != dtype or tuple(tensor.shape) != shape:
+    def _expect(self, name: str, dtype: torch.dtype, shape) -> tuple:
+        """The next spec, checked against what the caller is about to write."""
+        want, want_dtype, want_shape = self._order[self._next]
+        if name != want or dtype != want_dtype or tuple(shape) != want_shape:
             raise ZeroliteCheckpointError(
-                f"{self.path}: internal error, expected tensor {want!r} {dtype} {shape}, got "
-                f"{name!r} {tensor.dtype} {tuple(tensor.shape)}")
+                f"{self.path}: internal error, expected tensor {want!r} {want_dtype} "
+                f"{want_shape}, got {name!r} {dtype} {tuple(shape)}")
         self._next += 1
+        return want_dtype, want_shape
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        self._expect(name, tensor.dtype, tensor.shape)
         if tensor.numel():
             self._emit(_as_bytes(tensor))
 
     def write_lazy(self, name: str, lazy: LazyTensor) -> None:
-        want, dtype, shape = self._order[self._next]
-        if name != want or lazy.dtype != dtype or tuple(lazy.shape) != shape:
-            raise ZeroliteCheckpointError(
-                f"{self.path}: internal error, expected tensor {want!r} {dtype} {shape}, got "
-                f"{name!r} {lazy.dtype} {tuple(lazy.shape)}")
-        self._next += 1
+        dtype, shape = self._expect(name, lazy.dtype, lazy.shape)
         left = math.prod(shape)
         for piece in lazy.pieces():
             if piece.dtype != dtype or piece.numel() > left:

@@ -222,10 +222,7 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         chunks = self._by_master.get(master)
         if not chunks or not chunks[0].has_state:
             return None
-        if master in self._torn:
-            raise ZeroliteStateError(
-                "offload_optimizer: the last optimizer step failed half-way, so this shard's "
-                "master and state are partly updated; restart from the last checkpoint")
+        self.refuse_if_torn(master)
         out = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
                for k, v in chunks[0].small.items()}
         for name, dtype in (self._names or {}).items():
@@ -240,6 +237,13 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
                     part.copy_(c.resident[name])
             out[name] = full
         return out
+
+    def refuse_if_torn(self, master) -> None:
+        """Reading a shard whose last step failed half-way would hand out mixed values."""
+        if master in self._torn:
+            raise ZeroliteStateError(
+                "offload_optimizer: the last optimizer step failed half-way, so this shard's "
+                "master and state are partly updated; restart from the last checkpoint")
 
     def _scatter_state(self, master, state: dict) -> None:
         chunks = self._by_master.get(master)

@@ -25,20 +25,13 @@ class ShardEntry:
     shape: tuple[int, ...]
 
 
-def _refuse_torn(opt: ChunkedOffloadOptimizer, master) -> None:
-    if master in opt._torn:
-        raise ZeroliteStateError(
-            "offload_optimizer: the last optimizer step failed half-way, so this shard's "
-            "master and state are partly updated; restart from the last checkpoint")
-
-
 def state_entries(opt: ChunkedOffloadOptimizer, master) -> dict | None:
     """`opt.state[master]` with every chunk-shaped entry replaced by a ShardEntry, in the same
     order; reads no file. None when the shard has no state yet."""
     chunks = opt._by_master.get(master)
     if not chunks or not chunks[0].has_state:
         return None
-    _refuse_torn(opt, master)
+    opt.refuse_if_torn(master)
     out = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
            for k, v in chunks[0].small.items()}
     for name, dtype in (opt._names or {}).items():
@@ -50,7 +43,7 @@ def read_state_slice(opt: ChunkedOffloadOptimizer, master, name: str, lo: int,
                      out: torch.Tensor) -> None:
     """out[:] = elements [lo, lo + out.numel()) of entry `name` of `master`'s state, read from
     the swap files (or the in-memory chunks) straight into `out` (contiguous, CPU, its dtype)."""
-    _refuse_torn(opt, master)
+    opt.refuse_if_torn(master)
     hi = lo + out.numel()
     for c in opt._by_master[master]:
         a, b = max(lo, c.lo), min(hi, c.hi)
