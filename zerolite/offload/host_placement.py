@@ -159,6 +159,10 @@ class HostPlacement:
 
 
 def _check(zc, opt_block, param_block, cpu_opt: bool, cpu_param: bool) -> None:
+    if param_block and param_block["device"] == "nvme":
+        raise ZeroliteConfigError(
+            "zero_optimization.offload_param.device: 'nvme' is not implemented yet; use "
+            "'cpu' (param shards in host memory) or 'none'")
     if not cpu_param:
         return
     if zc.stage != 3:
