@@ -19,6 +19,10 @@ from gpt_cases import batches, ds_config, reference_run, tiny_gpt
 
 STEPS, HALF = 4, 2
 CPU = {"device": "cpu"}
+# The forced-host runs compare bitwise; on a GPU the engine runs on CUDA and the host step
+# rounds differently from the device step, so there the `cuda` tests at the end take over.
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs (forced host "
+                              "copies); the cuda-marked tests cover the GPU")
 
 
 def _cfg(world, offload=None, stage=3, bf16=False, param=None, **extra):
@@ -64,6 +68,7 @@ def _assert_same(a, b):
 
 
 # -- parity -----------------------------------------------------------------------------------
+@cpu_only
 @pytest.mark.parametrize("world", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_cpu_offload_bitwise_equal_to_no_offload_and_tracks_reference(world):
     plain = run_ranks(_train, world, _cfg(world), False)[0]
@@ -78,10 +83,12 @@ def test_cpu_offload_bitwise_equal_to_no_offload_and_tracks_reference(world):
     shard_bytes = off[3]["host"]["masters"]  # fp32: one master shard per optimized flat
     # Each micro-step's reduced grad shards went to the host; each step's masters came back.
     assert to_host == STEPS * 2 * shard_bytes and to_device == STEPS * shard_bytes
-    assert off[3]["host"]["optimizer_state"] == 2 * shard_bytes  # Adam's two moments
+    # Adam's two moments and its fp32 step counter, per flat
+    assert off[3]["host"]["optimizer_state"] == 2 * shard_bytes + 4 * flats
     assert plain[3]["host"] == {}
 
 
+@cpu_only
 @pytest.mark.parametrize("case", ["bf16", "fp16-skip", "ratio0.5", "stage2", "stage1",
                                   "offload_param", "offload_param-bf16", "offload_param-world1"])
 def test_cpu_offload_variants_bitwise_equal_to_no_offload(case):
@@ -109,7 +116,8 @@ def test_cpu_offload_variants_bitwise_equal_to_no_offload(case):
         assert off[3]["host"]["param_shards"] == (0 if not bf16 else off[3]["param_shards"])
 
 
-def test_cpu_offload_on_a_cpu_model_copies_nothing_by_default(caplog):
+@cpu_only
+def test_cpu_offload_on_a_cpu_model_copies_nothing_by_default():
     plain = run_ranks(_train, 1, _cfg(1), False)[0]
     off = run_ranks(_train, 1, _cfg(1, CPU, param=CPU), False)[0]
     _assert_same(off, plain)
@@ -131,6 +139,7 @@ def _resume(rank, world, cfg, save_dir, force):
     return losses, gather_full_state_dict(engine.sharded), _placed(engine)
 
 
+@cpu_only
 @pytest.mark.parametrize("save_mode,load_mode", [("cpu", "none"), ("none", "cpu")])
 def test_resume_across_cpu_offload_modes_is_exact(tmp_path, save_mode, load_mode):
     world, bf16 = 2, True
@@ -255,6 +264,7 @@ def _train_recorded(rank, world, cfg):
     return losses, len(copies["d2h"]), len(copies["h2d"]), len(steps), bad
 
 
+@cpu_only
 def test_engine_copies_are_ordered_on_the_recording_backend():
     world = 2
     plain = run_ranks(_train, world, _cfg(world), False)[0]
@@ -266,6 +276,7 @@ def test_engine_copies_are_ordered_on_the_recording_backend():
 
 
 # -- check-config's cpu row against what a run holds -------------------------------------------
+@cpu_only
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 def test_check_config_cpu_offload_estimate_matches_a_run(bf16):
     from zerolite.cli.check_config import count_params, summarize
@@ -284,3 +295,45 @@ def test_check_config_cpu_offload_estimate_matches_a_run(bf16):
     assert 0 <= device - est["cpu"]["device"] < 0.01 * est["cpu"]["device"]
     # What leaves the device: 16 of 18 bytes per shard element with bf16, 12 of 16 with fp32.
     assert est["cpu"]["device"] == est["none"]["device"] * (2 / 18 if bf16 else 4 / 16)
+
+
+# -- on a GPU (skipped without CUDA; benchmarks/gpu_check.py runs them) --------------------------
+def _cpu_state(state):
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def _train_cuda(rank, world, cfg):
+    engine = _engine(cfg, force=False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    losses = train_engine(engine, batches(STEPS), rank, world)
+    torch.cuda.synchronize()
+    pl = engine.host_placement
+    where = {"master": sorted({str(f.master.device) for f in engine.sharded.flats
+                               if f.master is not None}),
+             "shard": sorted({str(f.shard.device) for f in engine.sharded.flats}),
+             "pinned": pl is not None and all(link.flat.master.is_pinned()
+                                              for link in pl.links if link.master_on_host)}
+    return (losses, _cpu_state(gather_full_state_dict(engine.sharded)), where,
+            torch.cuda.max_memory_allocated())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("world,mode", [(1, "cpu-pinned"), (1, "cpu+param"), (1, "ratio0.5"),
+                                        (2, "cpu-pinned")])
+def test_cpu_offload_on_cuda_matches_no_offload(world, mode):
+    pinned = {"device": "cpu", "pin_memory": True}
+    offload, param = {"cpu-pinned": (pinned, None), "cpu+param": (pinned, pinned),
+                      "ratio0.5": ({"device": "cpu", "ratio": 0.5}, None)}[mode]
+    plain = run_ranks(_train_cuda, world, _cfg(world, bf16=True), timeout_s=600)[0]
+    off = run_ranks(_train_cuda, world, _cfg(world, offload, bf16=True, param=param),
+                    timeout_s=600)[0]
+    # Not bitwise: the host's AdamW and norm round differently from the device's.
+    torch.testing.assert_close(torch.tensor(off[0]), torch.tensor(plain[0]), rtol=1e-5, atol=0)
+    for name, value in plain[1].items():
+        torch.testing.assert_close(off[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
+    where = off[2]
+    assert where["master"] == (["cpu", "cuda:0"] if mode == "ratio0.5" else ["cpu"])
+    assert where["shard"] == (["cpu"] if param else ["cuda:0"])
+    assert where["pinned"] == (mode != "ratio0.5")
+    assert off[3] < plain[3]  # peak device bytes: masters, moments and grad shards left

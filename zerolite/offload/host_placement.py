@@ -149,7 +149,7 @@ class HostPlacement:
                 out["grads"] += nb(link.grad)
                 state = optimizer.state.get(f.master, {}) if optimizer is not None else {}
                 out["optimizer_state"] += sum(nb(v) for v in state.values()
-                                              if isinstance(v, torch.Tensor) and v.dim() > 0)
+                                              if isinstance(v, torch.Tensor))
             out["staging"] += sum(nb(t) for t in (link.staging, link.cast) if t is not None)
             if link.shard_on_host and (f.master is None
                                        or f.shard.data_ptr() != f.master.data_ptr()):
