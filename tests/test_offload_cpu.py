@@ -90,7 +90,8 @@ def test_cpu_offload_bitwise_equal_to_no_offload_and_tracks_reference(world):
 
 @cpu_only
 @pytest.mark.parametrize("case", ["bf16", "fp16-skip", "ratio0.5", "stage2", "stage1",
-                                  "offload_param", "offload_param-bf16", "offload_param-world1"])
+                                  "stage0", "offload_param", "offload_param-bf16",
+                                  "offload_param-world1"])
 def test_cpu_offload_variants_bitwise_equal_to_no_offload(case):
     world = 1 if case.endswith("world1") else 2  # world 1: the full buffer is not the shard
     stage, bf16, offload, param, extra = 3, False, CPU, None, {}
