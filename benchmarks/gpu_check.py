@@ -1,4 +1,4 @@
-"""`make gpu-check`: prove the CUDA path in one run on one GPU (within ~8 minutes).
+"""`make gpu-check`: prove the CUDA path in one run on one GPU (within ~9 minutes).
 
     python benchmarks/gpu_check.py [--out benchmarks/results/gpu_check]
 
@@ -9,6 +9,9 @@ Phases, each in its own process under its own time limit, all writing under --ou
                device's copy bandwidth (kernels.json; benchmarks/kernel_bandwidth.py)
   3. prefetch  prefetch off vs on step times, exposed all-gather, one step's torch.profiler
                trace and the timeline PNG (prefetch*.json/png; benchmarks/gpu_prefetch.py)
+  4. offload   offload_optimizer / offload_param "cpu" vs none: peak device memory and
+               step time (offload_cpu.json; benchmarks/gpu_offload_cpu.py); its cuda parity
+               tests (tests/test_offload_cpu.py) run in phase 1
 Then summary.md (environment, phase outcomes, the two tables). Without CUDA it prints that
 it needs a GPU and exits 0. Exit code 1 when a phase failed or ran out of time.
 """
@@ -29,17 +32,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_FILES = ["tests/test_cuda_path.py", "tests/test_device_layer.py",
               "tests/test_quant_kernels.py", "tests/test_device_placement.py",
               "tests/test_harness_modes.py", "tests/test_streamed_comm.py",
-              "tests/test_step_timers.py"]
+              "tests/test_step_timers.py", "tests/test_offload_cpu.py"]
 
 
 def phases(out: str) -> list[tuple[str, list[str], int]]:
-    """(name, command, time limit s): 240 + 60 + 150 s = 7.5 min at most."""
+    """(name, command, time limit s): 240 + 60 + 150 + 60 s = 8.5 min at most."""
     py = sys.executable
     return [
         ("tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                    f"--junitxml={out}/junit.xml", *TEST_FILES], 240),
         ("kernels", [py, "benchmarks/kernel_bandwidth.py", "--out", f"{out}/kernels.json"], 60),
         ("prefetch", [py, "benchmarks/gpu_prefetch.py", "--out", f"{out}/prefetch"], 150),
+        ("offload", [py, "benchmarks/gpu_offload_cpu.py", "--out", f"{out}/offload_cpu.json"],
+         60),
     ]
 
 

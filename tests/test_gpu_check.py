@@ -19,7 +19,8 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA bran
 @no_cuda
 @pytest.mark.parametrize("script,says", [("gpu_check.py", "needs a CUDA GPU"),
                                           ("kernel_bandwidth.py", "needs a CUDA device"),
-                                          ("gpu_prefetch.py", "needs a CUDA device")])
+                                          ("gpu_prefetch.py", "needs a CUDA device"),
+                                          ("gpu_offload_cpu.py", "needs a CUDA device")])
 def test_without_cuda_says_so_and_exits_0(tmp_path, script, says):
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, os.path.join("benchmarks", script), "--out", str(out)],
@@ -50,8 +51,10 @@ def test_spec_bandwidth_from_clock_and_bus():
     assert kernel_bandwidth.spec_bandwidth_gbs(object()) is None
 
 
-def test_phases_fit_in_eight_minutes():
-    assert sum(limit for _, _, limit in gpu_check.phases("/tmp/x")) <= 8 * 60
+def test_phases_fit_in_nine_minutes():
+    # 8.5 min since the offload phase (issue 15): a GPU task has 15 min of device time,
+    # machine start included.
+    assert sum(limit for _, _, limit in gpu_check.phases("/tmp/x")) <= 9 * 60
 
 
 def test_phase_timeout_and_failure_are_reported(tmp_path):

@@ -21,6 +21,7 @@ from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
 from zerolite.offload import wrap_optimizer_for_offload
+from zerolite.offload.host_placement import place_on_host
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
@@ -95,6 +96,7 @@ class ZeroEngine(DeepSpeedAccessors):
                                                                self.device_layer),
                                     gatherer=build_param_gatherer(config, self.device_layer),
                                     device_layer=self.device_layer)
+        self.host_placement = place_on_host(self.sharded, zc, self.device_layer, self.rank)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
@@ -254,6 +256,7 @@ class ZeroEngine(DeepSpeedAccessors):
     @torch.no_grad()
     def _apply_update(self) -> None:
         self.sharded.reduce_deferred_grads()
+        self.sharded.settle_host_copies()  # the host step reads what the copies wrote
         masters = [f.master for f in self.sharded.flats if f.master is not None]
         grads = [m.grad for m in masters if m.grad is not None]
         # Stage 0 holds whole gradients on every rank: summing over ranks would count N times.
@@ -355,9 +358,11 @@ class ZeroEngine(DeepSpeedAccessors):
             for state in (self.optimizer.state.values() if self.optimizer else []):
                 optim += sum(v.numel() * v.element_size() for v in state.values()
                              if isinstance(v, torch.Tensor))
+        host = self.host_placement.host_nbytes(self.optimizer) if self.host_placement else {}
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,
-                "gathered": self.sharded.gathered_nbytes()}
+                "gathered": self.sharded.gathered_nbytes(),
+                "host": host}  # the part in host memory apart from the device (offload 'cpu')
 
     # -- checkpoints (implemented in zerolite.checkpoint) ------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,

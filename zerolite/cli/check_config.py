@@ -219,7 +219,8 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
     zc = cfg.zero_optimization
     mem["offload_optimizer"] = offload_bytes(mem["per_stage"], zc.stage, precision,
                                              cfg.world_size, num_params, zc.offload_optimizer,
-                                             int(zc.sub_group_size))
+                                             int(zc.sub_group_size),
+                                             gas=cfg.gradient_accumulation_steps)
     mem["offload_optimizer_in_config"] = (zc.offload_optimizer or {"device": "none"})["device"]
     if cfg.zerolite.reduce_once_per_step and cfg.gradient_accumulation_steps > 1 \
             and cfg.zero_optimization.stage >= 2:
@@ -258,7 +259,7 @@ def print_summary(summary: dict) -> None:
     for choice, e in mem["offload_optimizer"].items():
         mark = " <-" if choice == mem["offload_optimizer_in_config"] else ""
         print(f"  {choice:<8}{_fmt(e['device'])}{_fmt(e['host'])}{_fmt(e['disk'])}{mark}")
-    print("  (cpu: implemented for CPU models, where device and host are the same RAM)")
+    print("  (cpu: on a CPU-only run device and host are the same RAM and nothing moves)")
     if "reduce_once_per_step_bytes" in mem:
         print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "
               f"micro-steps: {_fmt(mem['reduce_once_per_step_bytes']).strip()} per rank")

@@ -125,5 +125,5 @@ class ParamGatherer:
     def start(self, flat):
         self.bytes_sent["all_gather"] += wire_bytes(
             "all_gather", flat.shard.numel() * flat.shard.element_size(), flat.partitions)
-        return start_full_flat_gather(flat.alloc_full(), flat.shard, flat.partitions,
+        return start_full_flat_gather(flat.alloc_full(), flat.gather_source(), flat.partitions,
                                       group=self.group)

@@ -175,8 +175,8 @@ class ZeroOptimizationConfig(Section):
     """Initialise master weights from fp32 checkpoint copies."""
     elastic_checkpoint: bool = deepspeed_only(False)
     """Load checkpoints saved at another world size (DeepSpeed: no longer supported)."""
-    offload_param: dict | None = deepspeed_only(None)
-    """Parameter offload block (device cpu/nvme) or None."""
+    offload_param: dict | None = None
+    """Parameter offload block (device cpu/nvme) or None; stage 3 only (offload/)."""
     offload_optimizer: dict | None = None
     """Optimizer-state offload block (device cpu/nvme) or None; see zerolite/offload/."""
     sub_group_size: int = 1_000_000_000

@@ -55,6 +55,18 @@ class HostBackend:
     def synchronize(self) -> None:
         return None
 
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, name: str = "") -> None:
+        """dst <- src (a host <-> device transfer), on the current stream."""
+        dst.copy_(src)
+
+    def host_wait(self, event) -> None:
+        """Block the host until `event` has happened (the host then reads what it guards)."""
+        return None
+
+    def host_empty(self, numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        """A host buffer; `pin` is ignored: pinning needs an accelerator to pin for."""
+        return torch.empty(numel, dtype=dtype)
+
     def memory_stats(self) -> dict:
         return {"device": str(self.device), "rss": psutil.Process().memory_info().rss}
 
@@ -102,6 +114,20 @@ class CudaBackend:
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    # Note: the three host-transfer primitives below have not run on a GPU yet (no GPU was
+    # lent so far); tests/test_offload_cpu.py's cuda tests and gpu_check.py exercise them.
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, name: str = "") -> None:
+        # Asynchronous only when the host side is pinned; pageable memory makes it a
+        # synchronous copy, still correct.
+        dst.copy_(src, non_blocking=True)
+
+    def host_wait(self, event) -> None:
+        if event is not None:
+            event.synchronize()
+
+    def host_empty(self, numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, pin_memory=pin)
 
     def memory_stats(self) -> dict:
         return {"device": str(self.device),

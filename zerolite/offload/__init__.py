@@ -3,10 +3,11 @@
 - device "nvme": the optimizer's per-element state goes to files under `nvme_path` and the step
   runs in `sub_group_size`-element chunks (chunked_optimizer.py, swap_files.py). `ratio` < 1
   keeps the last (1 - ratio) of the chunks in memory.
-- device "cpu": with the model on the CPU the masters and state already live in host memory,
-  so this is the ordinary in-memory path. On an accelerator it is refused for now.
+- device "cpu": the fp32 masters, optimizer state and update live in host memory
+  (host_placement.py places them before the optimizer is built; host_transfers.py moves
+  gradients and updated shards). With the model on the CPU they already do: nothing moves.
 
-The fp32 masters stay in memory in both cases (with fp32 training they are the param shards).
+With nvme the fp32 masters stay in memory (with fp32 training they are the param shards).
 """
 from __future__ import annotations
 
@@ -24,18 +25,10 @@ def wrap_optimizer_for_offload(optimizer: torch.optim.Optimizer | None, zc, rank
     block = zc.offload_optimizer
     if block is None or optimizer is None:
         return optimizer
-    masters = [p for g in optimizer.param_groups for p in g["params"]]
-    on_cpu = all(p.device.type == "cpu" for p in masters)
     if block["device"] == "cpu":
-        if not on_cpu:
-            raise ZeroliteConfigError(
-                "zero_optimization.offload_optimizer.device: 'cpu' with the model on an "
-                "accelerator is not implemented yet (masters and state would stay on the "
-                "device); use 'nvme' (state in files, streamed through host memory) or 'none'")
-        if rank == 0:
-            logger.info("zerolite: offload_optimizer.device='cpu': the model is on the CPU, so "
-                        "the fp32 masters and optimizer state already live in host memory")
-        return optimizer
+        # Note: the step is not chunked by sub_group_size here: the host step is one torch
+        # optimizer step over the host masters (its state is in RAM, nothing to stream).
+        return optimizer  # the masters were placed in host memory (place_on_host)
     if int(zc.sub_group_size) < 1:
         raise ZeroliteConfigError(f"zero_optimization.sub_group_size: got {zc.sub_group_size}; "
                                   "the NVMe offload steps in chunks of this many elements, "

@@ -39,6 +39,8 @@ def global_grad_norm(local_grads: Iterable[torch.Tensor], distributed: bool = Tr
                      device=None) -> float:
     """sqrt of the sum of squares of all ranks' gradient shards."""
     total = sum_of_squares(local_grads, device)
+    if device is not None:
+        total = total.to(device)  # host-resident grads (offload 'cpu'): NCCL reduces on device
     if distributed:
         all_reduce_sum(total)
     return math.sqrt(total.item())

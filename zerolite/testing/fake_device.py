@@ -4,7 +4,9 @@ happens-before check over the record: tests of the device layer's ordering rules
 Streams are names ("compute", "all_gather", "reduce"); the log holds
 ("op", stream, name), ("record", stream, event) and ("wait", stream, event) in issue
 order. Entry a happens before entry b when a path leads from a to b along one stream's
-issue order or from an event's record to a wait for it -- what a GPU guarantees.
+issue order or from an event's record to a wait for it -- what a GPU guarantees. The
+stream "host" is the host itself: what it did happens before everything issued after it
+(an operation enqueued later sees the host's writes), and its waits block it.
 """
 from __future__ import annotations
 
@@ -72,6 +74,18 @@ class RecordingBackend:
     def synchronize(self) -> None:
         pass
 
+    def copy(self, dst, src, name: str = "") -> None:
+        self.op(name or "copy")
+        dst.copy_(src)
+
+    def host_wait(self, event) -> None:
+        self.log.append(("wait", "host", event))
+
+    def host_empty(self, numel, dtype, pin):
+        import torch
+
+        return torch.empty(numel, dtype=dtype)
+
     def memory_stats(self) -> dict:
         return {}
 
@@ -94,6 +108,8 @@ class RecordingBackend:
             kind, stream, what = entry
             if stream in last_on:
                 edges.setdefault(last_on[stream], []).append(i)
+            if "host" in last_on and stream != "host":
+                edges.setdefault(last_on["host"], []).append(i)  # issued after the host's work
             last_on[stream] = i
             if kind == "record":
                 recorded[what] = i

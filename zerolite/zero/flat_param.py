@@ -89,6 +89,10 @@ class FlatParam:
         self.grad_buffer: torch.Tensor | None = None
         """Full-size gradient buffer, alive only while this unit's grads are collected."""
         self.grads_ready = 0
+        self.host_link = None
+        """offload 'cpu': this flat's host-side master / shard (offload/host_placement.py)."""
+        self.shard_on_host = False
+        """offload_param 'cpu': the shard lives in host memory, copied in per gather."""
         self.free_full()
 
     # -- full buffer -------------------------------------------------------------------
@@ -103,7 +107,11 @@ class FlatParam:
     @property
     def full_is_shard(self) -> bool:
         """One partition: the full buffer is the shard, gathering copies nothing."""
-        return self.partitions == 1
+        return self.partitions == 1 and not self.shard_on_host
+
+    def gather_source(self) -> torch.Tensor:
+        """The shard as the all-gather reads it, on the device."""
+        return self.host_link.shard_on_device() if self.shard_on_host else self.shard
 
     def alloc_full(self) -> torch.Tensor:
         if not self._gathered:
@@ -128,7 +136,9 @@ class FlatParam:
             p.data = self.full[slot.offset:slot.offset + slot.numel].view(slot.shape)
 
     def refresh_shard_from_master(self) -> None:
-        if self.master is not None and self.shard.data_ptr() != self.master.data_ptr():
+        if self.host_link is not None:
+            self.host_link.refresh()
+        elif self.master is not None and self.shard.data_ptr() != self.master.data_ptr():
             self.shard.copy_(self.master.detach())
 
     # -- gradients ---------------------------------------------------------------------

@@ -126,6 +126,8 @@ class ShardedModel:
         self.reduction = GradReduction(self.reducer, max_inflight_numel=options.reduce_bucket_numel,
                                        stats=self.stats)
         self._hook_handles = install_hooks(self)
+        self.host_transfers = None
+        """offload 'cpu': the host <-> device copies (offload/host_placement.py), or None."""
         self._tag_params()
         logger.debug("zerolite units: %s", self.units)
 
@@ -253,6 +255,7 @@ class ShardedModel:
         """Reduce what is left, wait for every reduction, release, roll the order record."""
         if not self.deferring:
             self.reduction.drain(self.units)
+        self.settle_host_copies()  # accumulation adds happen on the host here
         for unit in self.units:
             unit.pending_input_grads = 0
             unit.reduced_flats = 0
@@ -267,6 +270,11 @@ class ShardedModel:
         """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
         if self.defer_reduce:
             self.reduction.drain(self.units)
+
+    def settle_host_copies(self) -> None:
+        """offload 'cpu': block until every host <-> device copy issued so far is done."""
+        if self.host_transfers is not None:
+            self.host_transfers.settle()
 
     # -- after the optimizer step --------------------------------------------------------
     @torch.no_grad()
@@ -285,7 +293,7 @@ def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> di
     out: dict[str, torch.Tensor] = {}
     for flat in sharded.flats:
         src = flat.master.detach() if (use_master and flat.master is not None) else flat.shard
-        full = gather_full_flat(src, flat.partitions)
+        full = gather_full_flat(src.to(flat._empty.device), flat.partitions)  # host masters
         for slot in flat.slots:
             value = full[slot.offset:slot.offset + slot.numel].view(slot.shape).clone()
             for name in slot.names:
