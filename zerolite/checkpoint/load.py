@@ -190,8 +190,13 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
     opt = engine.optimizer
     state_meta = (files.meta.get("optimizer") or {}).get("state", {})
     for flat, pieces in zip(engine.sharded.flats, plans):
+        swapped = flat.master is not None and flat.master_store is not None
         dst = flat.master.data if flat.master is not None else flat.shard
+        if swapped:  # the master lives in offload files: fill a temporary, then write it
+            dst = torch.empty(flat.master.shape, dtype=torch.float32, device=flat.master.device)
         _fill(files, flat, pieces, "param", dst)
+        if swapped:
+            flat.write_master(dst)
         if not optim or opt is None or flat.master is None:
             continue
         keys = {k for _, _, k, _ in pieces}
@@ -211,7 +216,7 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
             if kind == "shard":
                 old = have.get(name)
                 t = old if isinstance(old, torch.Tensor) and old.shape == dst.shape else \
-                    torch.zeros_like(flat.master.data)
+                    torch.zeros_like(dst)
                 _fill(files, flat, pieces, f"optim/{name}", t)
                 state[name] = t
             else:

@@ -106,7 +106,7 @@ class GatheredParameters:
 
     @torch.no_grad()
     def _write_back_managed(self) -> None:
-        touched = {}
+        touched, edited = {}, {}
         for p in self.params:
             handle = getattr(p, "zl_handle", None)
             if handle is None:
@@ -124,12 +124,17 @@ class GatheredParameters:
             # This rank's part of [offset, offset + numel) in flat coordinates.
             mine = rank_range(flat.rank, flat.shard_numel)
             part = overlap((slot.offset, slot.offset + slot.numel), mine)
-            target = flat.master if flat.master is not None else flat.shard
+            if flat.master is not None and flat.master_store is not None:
+                # Swapped-out master (offload): edit a read copy, written back below.
+                target = edited.setdefault(id(flat), flat.master_value())
+            else:
+                target = (flat.master if flat.master is not None else flat.shard).data
             if part is not None:
                 a, b = part
-                target.data[a - mine[0]:b - mine[0]].copy_(
-                    full_view[a - slot.offset:b - slot.offset])
+                target[a - mine[0]:b - mine[0]].copy_(full_view[a - slot.offset:b - slot.offset])
             touched[id(flat)] = flat
+        for key, value in edited.items():
+            touched[key].write_master(value)
         for flat in touched.values():
             flat.refresh_shard_from_master()
             # Units that stay gathered already hold the broadcast value in their full buffer;

@@ -284,7 +284,7 @@ def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> di
     """
     out: dict[str, torch.Tensor] = {}
     for flat in sharded.flats:
-        src = flat.master.detach() if (use_master and flat.master is not None) else flat.shard
+        src = flat.master_value() if (use_master and flat.master is not None) else flat.shard
         full = gather_full_flat(src, flat.partitions)
         for slot in flat.slots:
             value = full[slot.offset:slot.offset + slot.numel].view(slot.shape).clone()
