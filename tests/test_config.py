@@ -458,9 +458,10 @@ def test_key_support_table():
                 "zero_optimization.stage3_max_reuse_distance", "csv_monitor",
                 "zero_optimization.reduce_bucket_size",
                 "zero_optimization.zero_quantized_gradients", "communication_data_type",
-                "zero_optimization.offload_optimizer", "zero_optimization.sub_group_size"):
+                "zero_optimization.offload_optimizer", "zero_optimization.sub_group_size",
+                "zero_optimization.offload_param"):
         assert KEY_SUPPORT[key] == "honoured", key
-    for key in ("zero_optimization.overlap_comm", "zero_optimization.offload_param",
+    for key in ("zero_optimization.overlap_comm",
                 "zero_optimization.round_robin_gradients", "zero_optimization.elastic_checkpoint"):
         assert KEY_SUPPORT[key] == "accepted-ignored", key
 

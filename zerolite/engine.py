@@ -20,7 +20,7 @@ from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
-from zerolite.offload import wrap_optimizer_for_offload
+from zerolite.offload import attach_param_offload, wrap_optimizer_for_offload
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
@@ -101,6 +101,8 @@ class ZeroEngine(DeepSpeedAccessors):
                                          opt_cfg.params if opt_cfg else None, optimizer, masters)
         self.optimizer = wrap_optimizer_for_offload(self.optimizer, zc, self.rank,
                                                     self.sharded.flats)
+        self.param_swap = attach_param_offload(self.sharded, zc, self.rank, self.optimizer,
+                                               config.precision_dtype)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         if self.optimizer is not None:
             self.optimizer.overflow = False

@@ -23,8 +23,12 @@ logger = logging.getLogger("zerolite")
 
 def _shard_sink(flat):
     def sink(lo: int, values: torch.Tensor) -> None:
-        flat.shard[lo:lo + values.numel()].copy_(values)
+        flat.write_shard(lo, values)
     return sink
+
+
+def _param_nvme(zc) -> bool:
+    return bool(zc.offload_param) and zc.offload_param["device"] == "nvme"
 
 
 def wrap_optimizer_for_offload(optimizer: torch.optim.Optimizer | None, zc, rank: int,
@@ -52,9 +56,10 @@ def wrap_optimizer_for_offload(optimizer: torch.optim.Optimizer | None, zc, rank
                                   "so it must be >= 1")
     from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 
-    # 16-bit training: the fp32 master is separate from the param shard, so it can leave RAM.
+    # 16-bit training: the fp32 master is separate from the param shard, so it can leave RAM;
+    # fp32 with offload_param nvme: the master IS the shard, and both leave RAM (param_swap.py).
     swap = {f.master: f for f in flats or [] if f.master is not None
-            and f.master.data_ptr() != f.shard.data_ptr()}
+            and (f.master.data_ptr() != f.shard.data_ptr() or _param_nvme(zc))}
     wrapped = ChunkedOffloadOptimizer(optimizer, nvme_path=block["nvme_path"], rank=rank,
                                       sub_group_size=int(zc.sub_group_size),
                                       ratio=block["ratio"], pin_memory=block["pin_memory"],
@@ -68,3 +73,44 @@ def wrap_optimizer_for_offload(optimizer: torch.optim.Optimizer | None, zc, rank
                     block["nvme_path"], s["chunks_on_disk"], s["chunks"],
                     int(zc.sub_group_size))
     return wrapped
+
+
+def attach_param_offload(sharded, zc, rank: int, optimizer, compute_dtype: torch.dtype):
+    """`zero_optimization.offload_param`: returns the ParamSwap now holding the param shards
+    (device "nvme"), or None."""
+    block = zc.offload_param
+    if block is None:
+        return None
+    if block["device"] == "cpu":
+        on_cpu = all(f._empty.device.type == "cpu" for f in sharded.flats)
+        if not on_cpu:
+            raise ZeroliteConfigError(
+                "zero_optimization.offload_param.device: 'cpu' with the model on an "
+                "accelerator is not implemented yet; use 'nvme' or 'none'")
+        if rank == 0:
+            logger.info("zerolite: offload_param.device='cpu': the model is on the CPU, so the "
+                        "param shards already live in host memory")
+        return None
+    masters_swapped = any(f.master_store is not None for f in sharded.flats)
+    if compute_dtype == torch.float32 and not masters_swapped and \
+            any(f.master is not None for f in sharded.flats):
+        raise ZeroliteConfigError(
+            "zero_optimization.offload_param.device: 'nvme' with fp32 training needs "
+            "zero_optimization.offload_optimizer.device 'nvme' too: the fp32 param shard IS the "
+            "optimizer's master, which an in-memory optimizer keeps in RAM; add an "
+            "offload_optimizer block with device 'nvme' (or train in bf16/fp16)")
+    from zerolite.offload.param_swap import ParamSwap
+
+    reader = optimizer.read_master if masters_swapped else None
+    swap = ParamSwap(sharded.units, nvme_path=block["nvme_path"], rank=rank,
+                     read_ahead=int(block["buffer_count"]), master_reader=reader)
+    sharded.param_swap = swap
+    if rank == 0:
+        s = swap.offload_stats()
+        logger.info("zerolite: param shards offloaded to %s (%d flats, %d of them read from the "
+                    "optimizer's fp32 master files); offload_param.buffer_count=%d shards read "
+                    "ahead; offload_param.buffer_size and max_in_cpu are ignored (each shard is "
+                    "read whole into its own buffer and dropped after its gather)",
+                    block["nvme_path"], len(sharded.flats), s["shards_from_master_files"],
+                    int(block["buffer_count"]))
+    return swap

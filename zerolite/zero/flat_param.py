@@ -83,6 +83,9 @@ class FlatParam:
         self.master_store = None
         """Set by zerolite.offload when the master lives in swap files (read_master /
         write_master); `master.data` is then a placeholder (see chunked_optimizer.py)."""
+        self.shard_store = None
+        """Set by zerolite.offload.param_swap when the shard lives in a file; `shard` is then
+        empty except around its gather."""
         self.pool = pool if pool is not None else BufferPool()
         self._empty = torch.empty(0, dtype=compute_dtype, device=device)
         self.full = self.shard if partitions == 1 else self._empty
@@ -132,9 +135,25 @@ class FlatParam:
 
     def refresh_shard_from_master(self) -> None:
         # A swapped-out master's store writes the compute-dtype shard itself (offload/).
-        if self.master is not None and self.master_store is None \
-                and self.shard.data_ptr() != self.master.data_ptr():
+        if self.master is None or self.master_store is not None:
+            return
+        if self.shard_store is not None:  # the shard lives in a file (offload_param)
+            self.shard_store.write(self, 0, self.master.detach())
+        elif self.shard.data_ptr() != self.master.data_ptr():
             self.shard.copy_(self.master.detach())
+
+    # -- the compute-dtype shard, wherever it lives --------------------------------------
+    def shard_value(self) -> torch.Tensor:
+        """This rank's compute-dtype shard: `shard`, or read from its offload file while it
+        is out of RAM (offload_param)."""
+        return self.shard if self.shard_store is None else self.shard_store.read_whole(self)
+
+    def write_shard(self, lo: int, values: torch.Tensor) -> None:
+        """Write `values` (cast to the compute dtype) into the shard from element `lo`."""
+        if self.shard_store is not None:
+            self.shard_store.write(self, lo, values)
+        else:
+            self.shard[lo:lo + values.numel()].copy_(values)
 
     # -- the fp32 master, wherever it lives ----------------------------------------------
     def master_value(self) -> torch.Tensor:

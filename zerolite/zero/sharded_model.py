@@ -125,6 +125,8 @@ class ShardedModel:
                                    stats=self.stats)
         self.reduction = GradReduction(self.reducer, max_inflight_numel=options.reduce_bucket_numel,
                                        stats=self.stats)
+        self.param_swap = None
+        """offload_param nvme (zerolite.offload.param_swap), attached by the engine."""
         self._hook_handles = install_hooks(self)
         self._tag_params()
         logger.debug("zerolite units: %s", self.units)
@@ -271,6 +273,8 @@ class ShardedModel:
     # -- after the optimizer step --------------------------------------------------------
     @torch.no_grad()
     def refresh_params_from_masters(self) -> None:
+        if self.param_swap is not None:
+            self.param_swap.new_sequence()
         for flat in self.flats:
             flat.refresh_shard_from_master()
         self.residency.refresh_persistent()
@@ -284,7 +288,8 @@ def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> di
     """
     out: dict[str, torch.Tensor] = {}
     for flat in sharded.flats:
-        src = flat.master_value() if (use_master and flat.master is not None) else flat.shard
+        src = flat.master_value() if (use_master and flat.master is not None) \
+            else flat.shard_value()
         full = gather_full_flat(src, flat.partitions)
         for slot in flat.slots:
             value = full[slot.offset:slot.offset + slot.numel].view(slot.shape).clone()
