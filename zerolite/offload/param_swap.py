@@ -96,7 +96,7 @@ class ParamSwap:
                     flat.full = flat.shard
         k = len(self._seq)
         self._seq.append(unit.index)
-        self._following = (self._following or k == 0) and k < len(self._record) \
+        self._following = self._following and k < len(self._record) \
             and self._record[k] == unit.index
         if self._following:
             self._read_ahead(self._record[k + 1:])
@@ -113,14 +113,23 @@ class ParamSwap:
                     self._pending[id(flat)] = (flat, self._io.submit(self._read, flat))
 
     def after_gather(self, unit) -> None:
-        for flat in unit.flats:
-            if not flat.full_is_shard:
-                flat.shard = flat._empty
+        self._drop(unit, [f for f in unit.flats if not f.full_is_shard])
 
     def after_release(self, unit) -> None:
-        for flat in unit.flats:
-            if flat.full_is_shard:
-                flat.shard = flat.full = flat._empty
+        self._drop(unit, [f for f in unit.flats if f.full_is_shard])
+
+    def _drop(self, unit, flats) -> None:
+        dropped = False
+        for flat in flats:
+            if flat.shard.numel():
+                flat.shard = flat._empty
+                if flat.full_is_shard:
+                    flat.full = flat._empty
+                dropped = True
+        if dropped and self._following:
+            # The read-ahead skipped this unit while its buffer was loaded (e.g. its forward
+            # gather, with its backward gather next): now its next use can be read ahead.
+            self._read_ahead(self._record[len(self._seq):])
 
     def read_whole(self, flat) -> torch.Tensor:
         """The flat's current shard values (the loaded buffer, or a fresh read)."""
@@ -150,7 +159,10 @@ class ParamSwap:
         self._pending.clear()
         if self._seq:
             self._record, self._seq = self._seq, []
-        self._following = False
+        # The first gathers of the next step (re-gathered persistent units, then forward)
+        # are read now, behind whatever runs before them (data loading, logging).
+        self._following = bool(self._record)
+        self._read_ahead(self._record)
 
     # -- accounting ---------------------------------------------------------------------------
     def offload_stats(self) -> dict:

@@ -273,10 +273,10 @@ class ShardedModel:
     # -- after the optimizer step --------------------------------------------------------
     @torch.no_grad()
     def refresh_params_from_masters(self) -> None:
-        if self.param_swap is not None:
-            self.param_swap.new_sequence()
         for flat in self.flats:
             flat.refresh_shard_from_master()
+        if self.param_swap is not None:  # every new shard is written: read ahead from here
+            self.param_swap.new_sequence()
         self.residency.refresh_persistent()
 
 
