@@ -25,7 +25,6 @@ the shard's shape sit on a param of that shape, and NaN makes any read that bypa
 from __future__ import annotations
 
 import weakref
-from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -33,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from zerolite.errors import ZeroliteStateError
+from zerolite.offload.offloaded_state import OffloadedState
 from zerolite.offload.swap_files import SwapFiles
 
 
@@ -63,50 +63,6 @@ class _Chunk:
     @property
     def swapped(self) -> bool:
         return self.sink is not None
-
-
-class OffloadedState(MutableMapping):
-    """`optimizer.state` keyed by master shard, as torch and zerolite.checkpoint expect.
-
-    Reading an entry assembles the whole shard's state from its chunks (a temporary copy);
-    writing one stores it into the chunks' files. Membership tests read nothing.
-    """
-
-    def __init__(self, opt: "ChunkedOffloadOptimizer"):
-        self._opt = opt
-
-    def __getitem__(self, master):
-        state = self._opt._gather_state(master)
-        if state is None:
-            raise KeyError(master)
-        return state
-
-    def __setitem__(self, master, state):
-        self._opt._scatter_state(master, state)
-
-    def __delitem__(self, master):
-        if not self._opt._drop_state(master):
-            raise KeyError(master)
-
-    def pop(self, master, *default):
-        # Note: a torn shard can still be dropped (checkpoint load does that); only reading it fails.
-        if master not in self:
-            if default:
-                return default[0]
-            raise KeyError(master)
-        value = None if master in self._opt._torn else self[master]
-        del self[master]
-        return value
-
-    def __contains__(self, master):
-        chunks = self._opt._by_master.get(master)
-        return bool(chunks) and chunks[0].has_state
-
-    def __iter__(self):
-        return iter([m for m in self._opt._by_master if m in self])
-
-    def __len__(self):
-        return sum(1 for m in self._opt._by_master if m in self)
 
 
 def _accepted_kwargs(cls, params: dict) -> dict:
