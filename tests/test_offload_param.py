@@ -273,3 +273,33 @@ def test_param_offload_refusals_name_the_key(tmp_path):
     bad_path["zero_optimization"]["offload_param"]["nvme_path"] = str(blocker)
     with pytest.raises(RankFailed, match="offload_param.nvme_path.*a_file"):
         run_ranks(_build, 1, bad_path)
+
+
+# -- check-config's estimate against what a run holds ----------------------------------------
+def _stats(rank, world, cfg):
+    engine = _engine(cfg)
+    train_engine(engine, batches(2), rank, world)
+    return engine.optimizer.offload_stats(), engine.param_swap.offload_stats()
+
+
+@pytest.mark.parametrize("case", ["fp32", "bf16+opt"])
+def test_check_config_estimate_matches_a_run(tmp_path, case):
+    from zerolite.cli.check_config import count_params, summarize
+
+    world = 2
+    cfg = _cfg(world, case, tmp_path)
+    opt, params = run_ranks(_stats, world, cfg)[0]
+    summary = summarize(load_config(cfg, world_size=world), count_params(tiny_gpt()))
+    est = summary["memory"]["offload_optimizer"]
+    assert summary["memory"]["offload_optimizer_in_config"] == "nvme+params"
+    row = est["nvme+params"]
+    assert row["host"] - row["host_read_ahead"] == opt["buffer_bytes"]  # chunk buffers
+    # No --model given: the read-ahead bound is every param shard of the rank.
+    assert row["host_read_ahead"] == summary["memory"]["per_stage"][3]["params"]
+    disk = opt["disk_bytes"] + params["disk_bytes"]
+    # The run pads each shard to a multiple of the world size: a few elements more.
+    assert 0 <= disk - row["disk"] < 0.01 * disk
+    # What left the device is what went to disk (the optimizer's files hold two slots).
+    moved = est["none"]["device"] - row["device"]
+    assert moved == pytest.approx(row["disk"] - est["nvme"]["disk"] / 2 if case != "fp32"
+                                  else row["disk"] / 2)
