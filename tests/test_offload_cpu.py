@@ -165,6 +165,8 @@ def _build(rank, world, cfg):
     (_cfg(1, None, param=CPU), r"offload_param.device: 'cpu' needs zero_optimization"
                                r".offload_optimizer.device 'cpu' with ratio 1"),
     (_cfg(1, {"device": "cpu", "ratio": 0.5}, param=CPU), r"ratio 1.*'ratio': 0.5"),
+    (_cfg(1, CPU, bf16=True, param={"device": "nvme", "nvme_path": "/tmp/zl-never-written"}),
+     r"offload_param.device 'nvme' together with offload_optimizer.device 'cpu'"),
 ])
 def test_bad_cpu_offload_combinations_name_the_keys(cfg, match):
     with pytest.raises(RankFailed, match=match):

@@ -20,7 +20,7 @@ from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
-from zerolite.offload import wrap_optimizer_for_offload
+from zerolite.offload import attach_param_offload, wrap_optimizer_for_offload
 from zerolite.offload.host_placement import place_on_host
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
@@ -101,7 +101,10 @@ class ZeroEngine(DeepSpeedAccessors):
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
                                          opt_cfg.params if opt_cfg else None, optimizer, masters)
-        self.optimizer = wrap_optimizer_for_offload(self.optimizer, zc, self.rank)
+        self.optimizer = wrap_optimizer_for_offload(self.optimizer, zc, self.rank,
+                                                    self.sharded.flats)
+        self.param_swap = attach_param_offload(self.sharded, zc, self.rank, self.optimizer,
+                                               config.precision_dtype)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         if self.optimizer is not None:
             self.optimizer.overflow = False
@@ -349,8 +352,9 @@ class ZeroEngine(DeepSpeedAccessors):
     def memory_stats(self) -> dict:
         """This rank's resident memory and what zerolite itself holds, in bytes."""
         shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)
-        master = sum(f.master.numel() * 4 for f in self.sharded.flats if f.master is not None
-                     and f.master.data_ptr() != f.shard.data_ptr())
+        master = sum(f.master_nbytes() for f in self.sharded.flats)
+        if hasattr(self.optimizer, "master_resident_nbytes"):  # swapped-out masters' rest
+            master += self.optimizer.master_resident_nbytes()
         optim = 0
         if hasattr(self.optimizer, "resident_state_nbytes"):  # offloaded: only its buffers
             optim = self.optimizer.resident_state_nbytes()

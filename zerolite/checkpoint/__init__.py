@@ -47,7 +47,7 @@ def _gathered_params(engine, exclude_frozen: bool):
     for flat in engine.sharded.flats:
         if exclude_frozen and not flat.requires_grad:
             continue
-        yield flat, gather_full_flat(flat.shard, flat.partitions)
+        yield flat, gather_full_flat(flat.shard_value(), flat.partitions)
 
 
 @torch.no_grad()

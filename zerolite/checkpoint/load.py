@@ -194,8 +194,17 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
     opt = engine.optimizer
     state_meta = (files.meta.get("optimizer") or {}).get("state", {})
     for flat, pieces in zip(engine.sharded.flats, plans):
+        swapped = flat.master_store is not None if flat.master is not None \
+            else flat.shard_store is not None
         dst = flat.master.data if flat.master is not None else flat.shard
+        if swapped:  # the value lives in offload files: fill a temporary, then write it
+            dst = torch.empty(flat.shard_numel, dtype=torch.float32 if flat.master is not None
+                              else flat.compute_dtype, device=flat._empty.device)
         _fill(files, flat, pieces, "param", dst)
+        if swapped and flat.master is not None:
+            flat.write_master(dst)
+        elif swapped:
+            flat.write_shard(0, dst)
         if not optim or opt is None or flat.master is None:
             continue
         keys = {k for _, _, k, _ in pieces}
@@ -217,7 +226,7 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
             if kind == "shard":
                 old = have.get(name)
                 t = old if isinstance(old, torch.Tensor) and old.shape == dst.shape else \
-                    torch.zeros_like(flat.master.data)
+                    torch.zeros_like(dst)
                 _fill(files, flat, pieces, f"optim/{name}", t)
                 state[name] = t
             else:

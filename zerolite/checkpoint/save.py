@@ -100,7 +100,7 @@ def _rank_tensors(engine, layout) -> tuple[list, dict]:
         if entry["excluded"]:
             continue
         key = entry["key"]
-        src = flat.master.detach() if flat.master is not None else flat.shard
+        src = flat.master_value() if flat.master is not None else flat.shard_value()
         tensors.append((f"{key}/param", src))
         desc = {"tensors": {}, "values": {}}
         for name, value in _optim_state(engine, flat).items():

@@ -214,14 +214,14 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
         mem["stage3_gathered_bytes"] = live * compute_bytes
         mem["stage3_gathered_note"] = ("upper bound from stage3_max_live_parameters; pass "
                                        "--model for a per-unit estimate")
-    from zerolite.offload.placement import offload_bytes
+    from zerolite.offload.placement import configured_choice, offload_bytes
 
     zc = cfg.zero_optimization
-    mem["offload_optimizer"] = offload_bytes(mem["per_stage"], zc.stage, precision,
-                                             cfg.world_size, num_params, zc.offload_optimizer,
-                                             int(zc.sub_group_size),
-                                             gas=cfg.gradient_accumulation_steps)
-    mem["offload_optimizer_in_config"] = (zc.offload_optimizer or {"device": "none"})["device"]
+    mem["offload_optimizer"] = offload_bytes(
+        mem["per_stage"], zc.stage, precision, cfg.world_size, num_params, zc.offload_optimizer,
+        int(zc.sub_group_size), gas=cfg.gradient_accumulation_steps,
+        param_block=zc.offload_param, largest_unit=largest if model is not None else None)
+    mem["offload_optimizer_in_config"] = configured_choice(zc)
     if cfg.zerolite.reduce_once_per_step and cfg.gradient_accumulation_steps > 1 \
             and cfg.zero_optimization.stage >= 2:
         # Full fp32 gradients of every parameter stay on each rank between micro-steps.
@@ -255,10 +255,13 @@ def print_summary(summary: dict) -> None:
     print(f"  stage 3 extra, gathered units: {_fmt(mem['stage3_gathered_bytes']).strip()} "
           f"({mem['stage3_gathered_note']})")
     print(f"\noffload_optimizer at stage {stage}, per rank (device = where the model computes):")
-    print(f"  {'choice':<8}{'device':>14}{'host':>14}{'disk':>14}")
+    print(f"  {'choice':<12}{'device':>14}{'host':>14}{'disk':>14}")
     for choice, e in mem["offload_optimizer"].items():
         mark = " <-" if choice == mem["offload_optimizer_in_config"] else ""
-        print(f"  {choice:<8}{_fmt(e['device'])}{_fmt(e['host'])}{_fmt(e['disk'])}{mark}")
+        print(f"  {choice:<12}{_fmt(e['device'])}{_fmt(e['host'])}{_fmt(e['disk'])}{mark}")
+    if stage == 3:
+        print("  (nvme+params / params: offload_param nvme too / alone; host = chunk buffers + "
+              "shards read ahead, bounded by offload_param.buffer_count)")
     print("  (cpu: on a CPU-only run device and host are the same RAM and nothing moves)")
     if "reduce_once_per_step_bytes" in mem:
         print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "

@@ -176,7 +176,8 @@ class ZeroOptimizationConfig(Section):
     elastic_checkpoint: bool = deepspeed_only(False)
     """Load checkpoints saved at another world size (DeepSpeed: no longer supported)."""
     offload_param: dict | None = None
-    """Parameter offload block (device cpu/nvme) or None; stage 3 only (offload/)."""
+    """Parameter offload block (device cpu/nvme) or None; stage 3 only (offload/host_placement.py,
+    offload/param_swap.py)."""
     offload_optimizer: dict | None = None
     """Optimizer-state offload block (device cpu/nvme) or None; see zerolite/offload/."""
     sub_group_size: int = 1_000_000_000
@@ -270,6 +271,10 @@ class ZeroOptimizationConfig(Section):
         self.offload_param = _parse_offload(f"{p}.offload_param", "offload_param", self.offload_param)
         self.offload_optimizer = _parse_offload(f"{p}.offload_optimizer", "offload_optimizer",
                                                 self.offload_optimizer)
+        if self.offload_param and self.stage != 3:
+            fail_msg(f"{p}.offload_param.device", f"{self.offload_param['device']!r} needs "
+                     f"{p}.stage 3 (parameters are only partitioned there, as in DeepSpeed), "
+                     f"got stage {self.stage}")
         if self.offload_optimizer and self.offload_optimizer["ratio"] < 1.0 and self.stage != 3:
             fail_msg(f"{p}.offload_optimizer.ratio", "partial offloading (ratio < 1) needs "
                      f"{p}.stage 3, got stage {self.stage}")

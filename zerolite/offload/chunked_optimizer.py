@@ -12,11 +12,19 @@ same thread). Element-wise optimizers give bit-for-bit the update they give on w
 slot is flipped only when the whole step is done, so files never hold a half-written value.
 If a step fails half-way (the masters are then partly updated), the touched shards are marked
 torn and reading their state (what a checkpoint does) raises until they are loaded again.
+
+[Note: swapped masters] With 16-bit training (`master_sinks` given) the fp32 masters go to
+the files too, as in ZeRO-Infinity: each chunk's master slice is read ahead with its state
+into a host buffer, updated there, written back with the state (same two-slot commit) and
+cast into the compute-dtype shard by the master's sink. The master nn.Parameter keeps its
+identity (optimizer param, key of `state`, holder of the in-memory fp32 `.grad`), but its
+`.data` is a one-element NaN tensor expanded to the shard's shape: torch only lets a grad of
+the shard's shape sit on a param of that shape, and NaN makes any read that bypasses
+`read_master` show up in the numbers instead of passing silently.
 """
 from __future__ import annotations
 
 import weakref
-from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -24,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from zerolite.errors import ZeroliteStateError
+from zerolite.offload.offloaded_state import OffloadedState
 from zerolite.offload.swap_files import SwapFiles
 
 
@@ -34,7 +43,8 @@ class _Chunk:
     """File-name stem of the master shard this chunk belongs to."""
     lo: int
     hi: int
-    view: torch.Tensor
+    view: torch.Tensor | None
+    """The chunk of the in-memory master (None when the master is swapped out)."""
     on_disk: bool
     group: int = 0
     slot: int = 0
@@ -43,50 +53,16 @@ class _Chunk:
     """State entries that are not chunk-shaped (e.g. Adam's step count)."""
     resident: dict | None = None
     """Chunk-shaped state kept in memory (chunks beyond `ratio`)."""
+    sink: object = None
+    """Swapped master: sink(lo, fp32 values) writes the compute-dtype shard's chunk."""
+    mslot: int = 0
+    """Swapped master: the file slot holding its committed master values."""
+    rmaster: torch.Tensor | None = None
+    """Swapped master of a chunk beyond `ratio`: its slice, kept in memory."""
 
-
-class OffloadedState(MutableMapping):
-    """`optimizer.state` keyed by master shard, as torch and zerolite.checkpoint expect.
-
-    Reading an entry assembles the whole shard's state from its chunks (a temporary copy);
-    writing one stores it into the chunks' files. Membership tests read nothing.
-    """
-
-    def __init__(self, opt: "ChunkedOffloadOptimizer"):
-        self._opt = opt
-
-    def __getitem__(self, master):
-        state = self._opt._gather_state(master)
-        if state is None:
-            raise KeyError(master)
-        return state
-
-    def __setitem__(self, master, state):
-        self._opt._scatter_state(master, state)
-
-    def __delitem__(self, master):
-        if not self._opt._drop_state(master):
-            raise KeyError(master)
-
-    def pop(self, master, *default):
-        # Note: a torn shard can still be dropped (checkpoint load does that); only reading it fails.
-        if master not in self:
-            if default:
-                return default[0]
-            raise KeyError(master)
-        value = None if master in self._opt._torn else self[master]
-        del self[master]
-        return value
-
-    def __contains__(self, master):
-        chunks = self._opt._by_master.get(master)
-        return bool(chunks) and chunks[0].has_state
-
-    def __iter__(self):
-        return iter([m for m in self._opt._by_master if m in self])
-
-    def __len__(self):
-        return sum(1 for m in self._opt._by_master if m in self)
+    @property
+    def swapped(self) -> bool:
+        return self.sink is not None
 
 
 def _accepted_kwargs(cls, params: dict) -> dict:
@@ -99,7 +75,8 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
     """Wraps a freshly built optimizer over fp32 master shards (its state must be empty)."""
 
     def __init__(self, base: torch.optim.Optimizer, *, nvme_path: str, rank: int,
-                 sub_group_size: int, ratio: float = 1.0, pin_memory: bool = False):
+                 sub_group_size: int, ratio: float = 1.0, pin_memory: bool = False,
+                 master_sinks: dict | None = None):
         if len(base.state):
             raise ZeroliteStateError("offload_optimizer: the optimizer already has state; "
                                      "offload must wrap it before the first step")
@@ -114,10 +91,11 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             for master in group["params"]:
                 key = f"shard{len(self._by_master)}"
                 chunks = self._by_master[master] = []
+                sink = (master_sinks or {}).get(master)
                 for lo in range(0, master.numel(), sub_group_size):
                     hi = min(lo + sub_group_size, master.numel())
                     chunks.append(_Chunk(master, key, lo, hi, master.detach()[lo:hi], True,
-                                         group=len(inner_groups)))
+                                         group=len(inner_groups), sink=sink))
                 self._chunks += chunks
                 views += [c.view for c in chunks]
             inner_groups.append({**{k: v for k, v in group.items() if k != "params"},
@@ -135,11 +113,28 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         self.state = OffloadedState(self)
         self._names: dict[str, torch.dtype] | None = None
         """Chunk-shaped state entries and their dtypes, learned at the first step."""
-        self._pool: list[dict[str, torch.Tensor]] = []
         self._torn: set = set()
         self._io = ThreadPoolExecutor(1, thread_name_prefix="zerolite-offload-io")
         self._max_chunk = max((c.hi - c.lo for c in self._chunks), default=0)
+        # Two host buffer sets: the chunk being updated + the one being read ahead.
+        self._pool: list[dict[str, torch.Tensor]] = [{}, {}]
         weakref.finalize(self, _close, self._io, self._files)
+        self._swap_out_masters()
+
+    def _swap_out_masters(self) -> None:
+        """Write each swapped master's initial values to slot 0 and release its storage."""
+        swapped = [m for m, chunks in self._by_master.items() if chunks and chunks[0].swapped]
+        if swapped:
+            for p in self._pool:
+                p[_MASTER] = _host_buffer(self._max_chunk, torch.float32, self._pin)
+        for master in swapped:
+            for c in self._by_master[master]:
+                if c.on_disk:
+                    self._files.write(f"{c.key}.{_MASTER}", 0, c.lo * 4, c.view.cpu())
+                else:
+                    c.rmaster = c.view.clone()
+                c.view = None
+            master.data = _placeholder(master)
 
     # -- the step --------------------------------------------------------------------------
     @torch.no_grad()
@@ -159,25 +154,28 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             loads = {0: submit(self._load, work[0], 0)} if work else {}
             writes = []
             for i, c in enumerate(work):
-                if i + 1 < len(work) and self._pool:
+                if i + 1 < len(work):
                     loads[i + 1] = submit(self._load, work[i + 1], (i + 1) % 2)
-                state = loads.pop(i).result() if i in loads else self._load(c, i % 2)
+                state, param = loads.pop(i).result() if i in loads else self._load(c, i % 2)
                 if state is not None:
-                    self._inner.state[c.view] = {**c.small, **state}
-                c.view.grad = c.master.grad[c.lo:c.hi]
+                    self._inner.state[param] = {**c.small, **state}
+                param.grad = c.master.grad[c.lo:c.hi]
                 group = self._inner.param_groups[c.group]
-                group["params"] = [c.view]
+                group["params"] = [param]
                 try:
                     self._inner.step()
                 finally:
-                    group["params"], c.view.grad = [], None
-                new = self._inner.state.pop(c.view)
+                    group["params"], param.grad = [], None
+                new = self._inner.state.pop(param)
                 tensors = {k: v for k, v in new.items()
-                           if isinstance(v, torch.Tensor) and v.shape == c.view.shape}
+                           if isinstance(v, torch.Tensor) and v.shape == param.shape}
                 c.small = {k: v for k, v in new.items() if k not in tensors}
                 self._learn_names(tensors)
+                if c.swapped:
+                    c.sink(c.lo, param)  # the compute-dtype shard's chunk
                 if c.on_disk:
-                    writes.append(submit(self._store, c, tensors, 1 - c.slot))
+                    writes.append(submit(self._store, c, tensors, 1 - c.slot,
+                                         param if c.swapped else None))
                 else:
                     c.resident = tensors
             for w in writes:
@@ -188,7 +186,9 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             wait(futures)
             raise
         for c in work:
-            c.slot = 1 - c.slot if c.on_disk else c.slot
+            if c.on_disk:
+                c.slot = 1 - c.slot
+                c.mslot = 1 - c.mslot if c.swapped else c.mslot
             c.has_state = True
         self._torn -= {c.master for c in work}
         return loss
@@ -196,26 +196,67 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
     def _learn_names(self, tensors: dict) -> None:
         if self._names is None:
             self._names = {k: v.dtype for k, v in tensors.items()}
-            for _ in range(2):  # the chunk being updated + the one being read ahead
-                self._pool.append({k: _host_buffer(self._max_chunk, dt, self._pin)
-                                   for k, dt in self._names.items()})
+            for p in self._pool:
+                p.update({k: _host_buffer(self._max_chunk, dt, self._pin)
+                          for k, dt in self._names.items()})
 
-    def _load(self, c: _Chunk, pool_index: int) -> dict | None:
+    def _load(self, c: _Chunk, pool_index: int) -> tuple[dict | None, torch.Tensor]:
+        """(the chunk's state or None before its first step, the tensor the step updates)."""
+        device = c.master.device
+        param = c.view
+        if c.swapped:
+            param = c.rmaster
+            if c.on_disk:
+                buf = self._pool[pool_index][_MASTER][:c.hi - c.lo]
+                self._files.read(f"{c.key}.{_MASTER}", c.mslot, c.lo * 4, buf)
+                param = _to_compute_device({_MASTER: buf}, device)[_MASTER]
         if not c.has_state:
-            return None
+            return None, param
         if not c.on_disk:
-            return c.resident
+            return c.resident, param
         out = {}
-        for name, buf in self._pool[pool_index].items():
-            t = buf[:c.hi - c.lo]
+        for name in self._names:
+            t = self._pool[pool_index][name][:c.hi - c.lo]
             self._files.read(f"{c.key}.{name}", c.slot, c.lo * t.element_size(), t)
             out[name] = t
-        return _to_compute_device(out, c.view.device)
+        return _to_compute_device(out, device), param
 
-    def _store(self, c: _Chunk, tensors: dict, slot: int) -> None:
+    def _store(self, c: _Chunk, tensors: dict, slot: int, master=None) -> None:
         for name, t in tensors.items():
             t = t.cpu() if t.device.type != "cpu" else t
             self._files.write(f"{c.key}.{name}", slot, c.lo * t.element_size(), t)
+        if master is not None:
+            self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * 4, master.cpu())
+
+    # -- swapped-out masters (FlatParam.master_store) -----------------------------------------
+    def read_master(self, master) -> torch.Tensor:
+        """The committed fp32 values of a swapped-out master shard (a fresh tensor)."""
+        self.refuse_if_torn(master)
+        out = torch.empty(master.shape, dtype=torch.float32)
+        for c in self._by_master[master]:
+            part = out[c.lo:c.hi]
+            if c.on_disk:
+                self._files.read(f"{c.key}.{_MASTER}", c.mslot, c.lo * 4, part)
+            else:
+                part.copy_(c.rmaster)
+        return out.to(master.device)
+
+    def write_master(self, master, value: torch.Tensor) -> None:
+        """Replace a swapped-out master's values (checkpoint load, GatheredParameters) and
+        the compute-dtype shard cast from them."""
+        value = value.detach().reshape(-1).to(torch.float32)
+        chunks = self._by_master[master]
+        for c in chunks:
+            part = value[c.lo:c.hi]
+            if c.on_disk:
+                self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * 4, part.cpu())
+                c.mslot = 1 - c.mslot
+            else:
+                c.rmaster.copy_(part)
+        chunks[0].sink(0, value)
+
+    def master_resident_nbytes(self) -> int:
+        return sum(c.rmaster.numel() * 4 for c in self._chunks if c.rmaster is not None)
 
     # -- whole-shard state, for checkpoints (OffloadedState) --------------------------------
     def _gather_state(self, master) -> dict | None:
@@ -243,7 +284,8 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         if master in self._torn:
             raise ZeroliteStateError(
                 "offload_optimizer: the last optimizer step failed half-way, so this shard's "
-                "master and state are partly updated; restart from the last checkpoint")
+                "master and optimizer state are partly updated; restart from the last "
+                "checkpoint")
 
     def _scatter_state(self, master, state: dict) -> None:
         chunks = self._by_master.get(master)
@@ -278,18 +320,31 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
     # -- accounting --------------------------------------------------------------------------
     def offload_stats(self) -> dict:
         """Bytes this rank holds in memory for optimizer state and moves to/from disk."""
-        pool = sum(t.numel() * t.element_size() for p in self._pool for t in p.values())
+        pool = sum(t.numel() * t.element_size() for p in self._pool for t in p.values()
+                   if t is not None)
         resident = sum(t.numel() * t.element_size() for c in self._chunks if c.resident
                        for t in c.resident.values())
         return {"chunks": len(self._chunks),
                 "chunks_on_disk": sum(c.on_disk for c in self._chunks),
                 "buffer_bytes": pool, "resident_state_bytes": resident,
+                "masters_swapped": sum(1 for ch in self._by_master.values()
+                                       if ch and ch[0].swapped),
+                "resident_master_bytes": self.master_resident_nbytes(),
                 "disk_bytes": self._files.disk_bytes(), "bytes_read": self._files.bytes_read,
                 "bytes_written": self._files.bytes_written, "swap_dir": self._files.dir}
 
     def resident_state_nbytes(self) -> int:
         s = self.offload_stats()
         return s["buffer_bytes"] + s["resident_state_bytes"]
+
+
+_MASTER = "master"
+"""File-name / buffer key of a swapped-out master's values."""
+
+
+def _placeholder(master: torch.Tensor) -> torch.Tensor:
+    """What a swapped-out master's `.data` is: right shape, one NaN element of storage."""
+    return torch.full((1,), float("nan"), device=master.device).expand(master.shape)
 
 
 def _host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:

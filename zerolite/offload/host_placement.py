@@ -159,10 +159,6 @@ class HostPlacement:
 
 
 def _check(zc, opt_block, param_block, cpu_opt: bool, cpu_param: bool) -> None:
-    if param_block and param_block["device"] == "nvme":
-        raise ZeroliteConfigError(
-            "zero_optimization.offload_param.device: 'nvme' is not implemented yet; use "
-            "'cpu' (param shards in host memory) or 'none'")
     if not cpu_param:
         return
     if zc.stage != 3:
@@ -196,6 +192,13 @@ def place_on_host(sharded, zc, layer, rank: int) -> HostPlacement | None:
                         "optimizer state and param shards already live in host memory; "
                         "nothing is copied", "optimizer/param" if cpu_param else "optimizer")
         return None
+    if param_block and param_block["device"] == "nvme":
+        # The nvme param files are refreshed from an in-RAM or swapped master, not from a
+        # host master behind copies to a device: that pairing is not built.
+        raise ZeroliteConfigError(
+            "zero_optimization.offload_param.device 'nvme' together with "
+            "offload_optimizer.device 'cpu' on an accelerator is not implemented; use "
+            "offload_optimizer 'nvme' with offload_param 'nvme', or 'cpu' for both")
     pin = bool(opt_block.get("pin_memory")) or bool(param_block and param_block.get("pin_memory"))
     transfers = HostTransfers(layer.backend)
     optimized = [f for f in sharded.flats if f.master is not None]

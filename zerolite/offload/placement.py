@@ -11,8 +11,13 @@
         copy. `ratio` of the shard moves. On a CPU-only run device and host are the same
         RAM and nothing moves: the row says where the bytes would be on an accelerator.
 - nvme: the Adam moments in files (two slots each, so a failed step never overwrites the last
-        committed value), the masters stay on the device, and the host holds two chunk buffer
-        sets of `sub_group_size` elements per moment.
+        committed value) and, with 16-bit training, the fp32 masters with them (with fp32 the
+        master is the param shard and stays); the host holds two chunk buffer sets of
+        `sub_group_size` elements per moment (and master).
+- nvme+params (stage 3): offload_param nvme too: the compute-dtype param shards in files
+        (one slot; with fp32 the shard is the master, already in the optimizer's files); the
+        host holds up to `buffer_count` shards read ahead.
+- params (stage 3, 16-bit only): offload_param nvme alone, the optimizer in memory.
 """
 from __future__ import annotations
 
@@ -21,20 +26,24 @@ _MOMENTS = 2  # Adam/AdamW: exp_avg, exp_avg_sq (fp32)
 
 def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
                   num_params: int, block: dict | None, sub_group_size: int,
-                  gas: int = 1) -> dict:
-    """{"none"|"cpu"|"nvme": {"device", "host", "disk"}} bytes per rank for ZeRO `stage`.
+                  gas: int = 1, param_block: dict | None = None,
+                  largest_unit: int | None = None) -> dict:
+    """{choice: {"device", "host", "disk"}} bytes per rank for ZeRO `stage`.
 
     `per_stage[stage]` is check_config.estimate_model_state_bytes' row (params, grads,
-    optimizer); `block` is the config's offload_optimizer block (for ratio), or None.
+    optimizer); `block` / `param_block` are the config's offload_optimizer / offload_param
+    blocks (ratio, buffer_count), or None; `largest_unit` (params) bounds the read-ahead.
     """
     row = per_stage[stage]
     optimizer = row["optimizer"]
-    moments = optimizer * (8 / 12 if precision != "fp32" else 1.0)
+    sixteen = precision != "fp32"
+    moments = optimizer * (8 / 12 if sixteen else 1.0)
     masters = optimizer - moments  # 0 with fp32: the master IS the param shard
     ratio = block["ratio"] if block else 1.0
     shard = num_params / (world_size if stage >= 1 else 1)
-    buffers = 2 * _MOMENTS * 4 * min(sub_group_size, shard)
-    on_disk = moments * ratio
+    per_elem = (_MOMENTS + (1 if sixteen else 0)) * 4
+    buffers = 2 * per_elem * min(sub_group_size, shard)
+    on_disk = (moments + masters) * ratio
     rest = row["params"] + row["grads"]
     # cpu: the moved fraction of the optimizer row, and of the grads row where it is the
     # shard (stages 2-3; stages 0-1 keep their full gradient buffers on the device).
@@ -42,9 +51,34 @@ def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
     moved = optimizer * ratio + (host_grad if stage >= 2 else 0.0)
     extra = 4 if precision == "fp32" else 2  # fp32: master copy; else the 16-bit cast buffer
     host = optimizer * ratio + host_grad + shard * ratio * (extra + (4 if gas > 1 else 0))
-    return {
+    out = {
         "none": {"device": row["total"], "host": 0.0, "disk": 0.0},
         "cpu": {"device": row["total"] - moved, "host": host, "disk": 0.0},
-        "nvme": {"device": rest + masters + moments - on_disk,
-                 "host": buffers, "disk": 2 * on_disk},
+        "nvme": {"device": rest + optimizer - on_disk, "host": buffers, "disk": 2 * on_disk},
     }
+    if stage != 3:
+        return out
+    count = param_block["buffer_count"] if param_block else 5
+    read_ahead = row["params"] if largest_unit is None else \
+        min(row["params"], count * row["params"] * largest_unit / num_params)
+    if sixteen:
+        out["nvme+params"] = {"device": row["grads"] + optimizer - on_disk,
+                              "host": buffers + read_ahead,
+                              "disk": 2 * on_disk + row["params"], "host_read_ahead": read_ahead}
+        out["params"] = {"device": row["grads"] + optimizer, "host": read_ahead,
+                         "disk": row["params"], "host_read_ahead": read_ahead}
+    else:  # the param shard is the master: it moves with the optimizer state
+        both = (row["params"] + moments) * ratio
+        out["nvme+params"] = {"device": row["grads"] + row["params"] + moments - both,
+                              "host": 2 * (_MOMENTS + 1) * 4 * min(sub_group_size, shard)
+                              + read_ahead, "disk": 2 * both, "host_read_ahead": read_ahead}
+    return out
+
+
+def configured_choice(zc) -> str:
+    """The row of offload_bytes that `zc` (a ZeroOptimizationConfig) selects."""
+    opt = (zc.offload_optimizer or {"device": "none"})["device"]
+    param = (zc.offload_param or {"device": "none"})["device"]
+    if param == "nvme":
+        return "nvme+params" if opt == "nvme" else "params"
+    return opt

@@ -28,13 +28,15 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 class SwapFiles:
     """A private directory of slot files for one rank; counts the bytes it moves."""
 
-    def __init__(self, nvme_path: str, rank: int):
+    def __init__(self, nvme_path: str, rank: int, block: str = "offload_optimizer"):
+        """`block`: the config block this swap directory serves (named in errors)."""
+        kind = "offload" if block == "offload_optimizer" else "params"
         try:
             os.makedirs(nvme_path, exist_ok=True)
-            self.dir = tempfile.mkdtemp(prefix=f"zerolite-offload-rank{rank}-", dir=nvme_path)
+            self.dir = tempfile.mkdtemp(prefix=f"zerolite-{kind}-rank{rank}-", dir=nvme_path)
         except OSError as e:
             raise ZeroliteConfigError(
-                f"zero_optimization.offload_optimizer.nvme_path: cannot create a swap "
+                f"zero_optimization.{block}.nvme_path: cannot create a swap "
                 f"directory under {nvme_path!r}: {e}") from e
         self._fds: dict[tuple[str, int], int] = {}
         self.bytes_read = 0

@@ -80,6 +80,12 @@ class FlatParam:
             self.shard = self.master.data  # fp32 training: the master IS the param shard
         else:
             self.shard = shard32.to(compute_dtype)
+        self.master_store = None
+        """Set by zerolite.offload when the master lives in swap files (read_master /
+        write_master); `master.data` is then a placeholder (see chunked_optimizer.py)."""
+        self.shard_store = None
+        """Set by zerolite.offload.param_swap when the shard lives in a file; `shard` is then
+        empty except around its gather."""
         self.pool = pool if pool is not None else BufferPool()
         self._empty = torch.empty(0, dtype=compute_dtype, device=device)
         self.full = self.shard if partitions == 1 else self._empty
@@ -136,10 +142,52 @@ class FlatParam:
             p.data = self.full[slot.offset:slot.offset + slot.numel].view(slot.shape)
 
     def refresh_shard_from_master(self) -> None:
-        if self.host_link is not None:
+        if self.host_link is not None:  # offload 'cpu': the host master to the device
             self.host_link.refresh()
-        elif self.master is not None and self.shard.data_ptr() != self.master.data_ptr():
+            return
+        # A swapped-out master's store writes the compute-dtype shard itself (offload/).
+        if self.master is None or self.master_store is not None:
+            return
+        if self.shard_store is not None:  # the shard lives in a file (offload_param)
+            self.shard_store.write(self, 0, self.master.detach())
+        elif self.shard.data_ptr() != self.master.data_ptr():
             self.shard.copy_(self.master.detach())
+
+    # -- the compute-dtype shard, wherever it lives --------------------------------------
+    def shard_value(self) -> torch.Tensor:
+        """This rank's compute-dtype shard: `shard`, or read from its offload file while it
+        is out of RAM (offload_param)."""
+        return self.shard if self.shard_store is None else self.shard_store.read_whole(self)
+
+    def write_shard(self, lo: int, values: torch.Tensor) -> None:
+        """Write `values` (cast to the compute dtype) into the shard from element `lo`."""
+        if self.shard_store is not None:
+            self.shard_store.write(self, lo, values)
+        else:
+            self.shard[lo:lo + values.numel()].copy_(values)
+
+    # -- the fp32 master, wherever it lives ----------------------------------------------
+    def master_value(self) -> torch.Tensor:
+        """This rank's fp32 master values: the master itself, or (swapped out to the offload
+        files) a temporary copy read from them."""
+        if self.master_store is not None:
+            return self.master_store.read_master(self.master)
+        return self.master.detach()
+
+    def write_master(self, value: torch.Tensor) -> None:
+        """Overwrite the whole fp32 master shard (and, when swapped out, the compute shard
+        the store derives from it)."""
+        if self.master_store is not None:
+            self.master_store.write_master(self.master, value)
+        else:
+            self.master.data.copy_(value)
+
+    def master_nbytes(self) -> int:
+        """RAM the fp32 master takes beyond the compute-dtype shard."""
+        if self.master is None or self.master_store is not None \
+                or self.master.data_ptr() == self.shard.data_ptr():
+            return 0
+        return self.master.numel() * self.master.element_size()
 
     # -- gradients ---------------------------------------------------------------------
     def take_param_grad(self, index: int) -> bool:

@@ -106,7 +106,7 @@ class GatheredParameters:
 
     @torch.no_grad()
     def _write_back_managed(self) -> None:
-        touched = {}
+        touched, edited = {}, {}
         for p in self.params:
             handle = getattr(p, "zl_handle", None)
             if handle is None:
@@ -124,12 +124,22 @@ class GatheredParameters:
             # This rank's part of [offset, offset + numel) in flat coordinates.
             mine = rank_range(flat.rank, flat.shard_numel)
             part = overlap((slot.offset, slot.offset + slot.numel), mine)
-            target = flat.master if flat.master is not None else flat.shard
+            if flat.master is not None and flat.master_store is None:
+                target = flat.master.data
+            elif flat.master is None and flat.shard_store is None:
+                target = flat.shard
+            else:  # the value lives in offload files: edit a copy, written back below
+                target = edited.get(id(flat))
+                if target is None:
+                    target = edited[id(flat)] = (flat.master_value() if flat.master is not None
+                                                 else flat.shard_value().clone())
             if part is not None:
                 a, b = part
-                target.data[a - mine[0]:b - mine[0]].copy_(
-                    full_view[a - slot.offset:b - slot.offset])
+                target[a - mine[0]:b - mine[0]].copy_(full_view[a - slot.offset:b - slot.offset])
             touched[id(flat)] = flat
+        for key, value in edited.items():
+            flat = touched[key]
+            flat.write_master(value) if flat.master is not None else flat.write_shard(0, value)
         for flat in touched.values():
             flat.refresh_shard_from_master()
             # Units that stay gathered already hold the broadcast value in their full buffer;

@@ -125,6 +125,8 @@ class ShardedModel:
                                    stats=self.stats)
         self.reduction = GradReduction(self.reducer, max_inflight_numel=options.reduce_bucket_numel,
                                        stats=self.stats)
+        self.param_swap = None
+        """offload_param nvme (zerolite.offload.param_swap), attached by the engine."""
         self._hook_handles = install_hooks(self)
         self.host_transfers = None
         """offload 'cpu': the host <-> device copies (offload/host_placement.py), or None."""
@@ -281,6 +283,8 @@ class ShardedModel:
     def refresh_params_from_masters(self) -> None:
         for flat in self.flats:
             flat.refresh_shard_from_master()
+        if self.param_swap is not None:  # every new shard is written: read ahead from here
+            self.param_swap.new_sequence()
         self.residency.refresh_persistent()
 
 
@@ -292,7 +296,8 @@ def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> di
     """
     out: dict[str, torch.Tensor] = {}
     for flat in sharded.flats:
-        src = flat.master.detach() if (use_master and flat.master is not None) else flat.shard
+        src = flat.master_value() if (use_master and flat.master is not None) \
+            else flat.shard_value()
         full = gather_full_flat(src.to(flat._empty.device), flat.partitions)  # host masters
         for slot in flat.slots:
             value = full[slot.offset:slot.offset + slot.numel].view(slot.shape).clone()

@@ -32,6 +32,8 @@ class Unit:
         """Elements of the full (padded) parameters: what gathering this unit costs."""
         self.full_nbytes = sum(f.padded_numel * f.full.element_size() for f in flats)
         self.state = UnitState.SHARDED
+        self.swap = None
+        """offload_param's ParamSwap: brings the shards into RAM around each gather."""
         self._gather_works: list = []
         self.pending_input_grads = 0
         """Forward calls whose backward has not reached the unit's inputs yet."""
@@ -60,6 +62,8 @@ class Unit:
                 self.wait_gathered()
             return
         LAST.next_unit = self.name
+        if self.swap is not None:
+            self.swap.fetch(self)
         with torch.no_grad():
             self._gather_works = [gatherer.start(flat) for flat in self.flats]
         self.state = UnitState.GATHERING
@@ -78,6 +82,8 @@ class Unit:
             if work is not None:
                 work.wait()
         self._gather_works = []
+        if self.swap is not None:
+            self.swap.after_gather(self)
         for flat in self.flats:
             flat.use_full_views()
         self.state = UnitState.GATHERED
@@ -89,6 +95,8 @@ class Unit:
             self.wait_gathered()
         for flat in self.flats:
             flat.free_full()
+        if self.swap is not None:
+            self.swap.after_release(self)
         self.state = UnitState.SHARDED
 
     # -- gradients ---------------------------------------------------------------------
