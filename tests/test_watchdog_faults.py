@@ -51,8 +51,9 @@ def test_sigstop_of_one_rank_is_declared_hung_and_killed():
     run = run_fault("stop")
     lines = named(run, 1, "stopped responding: no heartbeat for")
     assert lines, run.output
-    # its last collective as of its last beat (<= 0.5 s before the stop, so step 3 or 4)
-    assert re.search(r"last collective \(as of its last heartbeat\): .* after [23] optimizer",
+    # its last collective as of its last beat (<= 0.5 s before the stop at step 4; steps are
+    # short, so on a loaded 2-core machine the beat can trail the stop by up to 3 steps)
+    assert re.search(r"last collective \(as of its last heartbeat\): .* after [123] optimizer",
                      lines[0]), lines
     assert "SIGKILLed 1 process(es)" in run.output, run.output  # the stopped one
 
