@@ -237,7 +237,7 @@ def test_check_config_offload_estimate_matches_a_run(tmp_path, capsys):
     path.write_text(__import__("json").dumps(cfg_dict))
     assert main([str(path), "--world-size", "2", "--params", str(num)]) == 0
     out = capsys.readouterr().out
-    assert "offload_optimizer at stage 3" in out and "nvme" in out.split("offload_optimizer at")[1]
+    assert "offload choices at stage 3" in out and "nvme" in out.split("offload choices at")[1]
 
 
 # -- the chunked optimizer on its own (no engine, no processes) -------------------------------

@@ -254,14 +254,14 @@ def print_summary(summary: dict) -> None:
               f"{_fmt(e['optimizer'])}{_fmt(e['total'])}{mark}")
     print(f"  stage 3 extra, gathered units: {_fmt(mem['stage3_gathered_bytes']).strip()} "
           f"({mem['stage3_gathered_note']})")
-    print(f"\noffload_optimizer at stage {stage}, per rank (device = where the model computes):")
+    print(f"\noffload choices at stage {stage}, per rank (device = where the model computes):")
     print(f"  {'choice':<12}{'device':>14}{'host':>14}{'disk':>14}")
     for choice, e in mem["offload_optimizer"].items():
         mark = " <-" if choice == mem["offload_optimizer_in_config"] else ""
         print(f"  {choice:<12}{_fmt(e['device'])}{_fmt(e['host'])}{_fmt(e['disk'])}{mark}")
     if stage == 3:
-        print("  (nvme+params / params: offload_param nvme too / alone; host = chunk buffers + "
-              "shards read ahead, bounded by offload_param.buffer_count)")
+        print("  (X+params: offload_param X too; params: offload_param nvme alone. host = "
+              "chunk buffers + shards read ahead, bounded by offload_param.buffer_count)")
     print("  (cpu: on a CPU-only run device and host are the same RAM and nothing moves)")
     if "reduce_once_per_step_bytes" in mem:
         print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "

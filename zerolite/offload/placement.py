@@ -10,6 +10,8 @@
         with fp32 training the device keeps its param shard and the host holds the master
         copy. `ratio` of the shard moves. On a CPU-only run device and host are the same
         RAM and nothing moves: the row says where the bytes would be on an accelerator.
+- cpu+params (stage 3): offload_param cpu too: the param shards in host memory as well (copied
+        to the device right before each all-gather).
 - nvme: the Adam moments in files (two slots each, so a failed step never overwrites the last
         committed value) and, with 16-bit training, the fp32 masters with them (with fp32 the
         master is the param shard and stays); the host holds two chunk buffer sets of
@@ -58,6 +60,11 @@ def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
     }
     if stage != 3:
         return out
+    # offload_param cpu (ratio 1): the param shard leaves the device, and the host holds no
+    # more than before: 16-bit, the host shard takes the cast buffer's place; fp32, the host
+    # master copy becomes the shard.
+    out["cpu+params"] = {"device": out["cpu"]["device"] - row["params"], "host": host,
+                         "disk": 0.0}
     count = param_block["buffer_count"] if param_block else 5
     read_ahead = row["params"] if largest_unit is None else \
         min(row["params"], count * row["params"] * largest_unit / num_params)
@@ -81,4 +88,4 @@ def configured_choice(zc) -> str:
     param = (zc.offload_param or {"device": "none"})["device"]
     if param == "nvme":
         return "nvme+params" if opt == "nvme" else "params"
-    return opt
+    return "cpu+params" if param == "cpu" else opt
