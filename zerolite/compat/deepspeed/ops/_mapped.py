@@ -44,7 +44,9 @@ class DeepSpeedCPUAdam(torch.optim.Adam):
         _check_bias_correction(type(self).__name__, bias_correction)
         super().__init__(model_params, lr=lr, betas=tuple(betas), eps=eps,
                          weight_decay=weight_decay, amsgrad=amsgrad,
-                         decoupled_weight_decay=bool(adamw_mode))
+                         decoupled_weight_decay=bool(adamw_mode), fused=True)
+        # Note: fused=True is torch's fused CPU kernel (see [Note: fused CPU Adam] in
+        # zerolite/optim/builder.py); DeepSpeed's class is a fused CPU kernel too.
         self.defaults.update(adamw_mode=bool(adamw_mode), bias_correction=True,
                              fp32_optimizer_states=fp32_optimizer_states)
 
