@@ -140,8 +140,27 @@ class DeepSpeedAccessors:
     def communication_data_type(self):
         return self._config.communication_data_type
 
+    def _offload_device(self, key: str) -> str:
+        block = getattr(self._config.zero_optimization, key)
+        return block["device"] if block else "none"
+
     def zero_cpu_offload(self) -> bool:
-        return False
+        """As DeepSpeed: True only for offload_optimizer.device 'cpu'."""
+        return self._offload_device("offload_optimizer") == "cpu"
+
+    def zero_use_cpu_optimizer(self) -> bool:
+        """As DeepSpeed: the step runs on the host (offload_optimizer 'cpu' or 'nvme')."""
+        return self._offload_device("offload_optimizer") in ("cpu", "nvme")
+
+    def zero_partial_offload(self) -> float:
+        block = self._config.zero_optimization.offload_optimizer
+        return block["ratio"] if block else 1.0
+
+    def zero_offload_optimizer(self):
+        return self._config.zero_optimization.offload_optimizer
+
+    def zero_offload_param(self):
+        return self._config.zero_optimization.offload_param
 
     # -- checkpoints -------------------------------------------------------------------
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):

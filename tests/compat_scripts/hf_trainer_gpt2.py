@@ -68,6 +68,17 @@ def make_args(out, a, **extra):
         **extra)
 
 
+def offload_facts(engine):
+    """What the engine says about offload, through DeepSpeed's accessors (None without one)."""
+    if not hasattr(engine, "zero_cpu_offload"):
+        return None
+    param = engine.zero_offload_param()
+    return {"cpu_offload": engine.zero_cpu_offload(),
+            "cpu_optimizer": engine.zero_use_cpu_optimizer(),
+            "param_device": param["device"] if param else "none",
+            "optimizer_class": type(engine.optimizer).__name__}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--init", required=True)
@@ -97,7 +108,8 @@ def main():
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     with open(os.path.join(a.out, f"result_rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "resumed": trainer.micro_losses, "eval_loss": eval_loss,
-                   "engine": type(trainer.model_wrapped).__name__}, f)
+                   "engine": type(trainer.model_wrapped).__name__,
+                   "offload": offload_facts(trainer.model_wrapped)}, f)
 
 
 if __name__ == "__main__":
