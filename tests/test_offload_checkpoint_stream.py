@@ -115,6 +115,21 @@ def test_state_slices_match_whole_shard_state_and_stream_back_in(tmp_path, sub, 
                         failing)
     after = off.state[p]
     assert after["step"].item() == 9.0 and all(torch.equal(after[k], v) for k, v in new.items())
+    # So does a whole-state assignment whose file writes fail after the first chunk.
+    write, calls = off._files.write, []
+
+    def fail_late(*args):
+        calls.append(args)
+        if len(calls) > 2:  # the first chunk's two moments are written, then the disk fails
+            raise OSError("disk gone")
+        return write(*args)
+    off._files.write = fail_late
+    with pytest.raises(OSError):
+        off.state[p] = {"step": torch.tensor(2.0), "exp_avg": torch.zeros(1000),
+                        "exp_avg_sq": torch.zeros(1000)}
+    off._files.write = write
+    after = off.state[p]
+    assert after["step"].item() == 9.0 and all(torch.equal(after[k], v) for k, v in new.items())
 
 
 # -- RAM --------------------------------------------------------------------------------------

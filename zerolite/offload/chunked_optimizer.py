@@ -297,13 +297,16 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         if set(whole) != set(self._names):
             raise ZeroliteStateError(f"offload_optimizer: state entries {sorted(whole)} do not "
                                      f"match the optimizer's {sorted(self._names)}")
+        # Like a step: every chunk is written to its other slot first and the slots flip only
+        # then, so a write failing half-way leaves the previous state whole.
         for c in chunks:
-            part = {k: v[c.lo:c.hi] for k, v in whole.items()}
             if c.on_disk:
-                self._store(c, part, 1 - c.slot)
+                self._store(c, {k: v[c.lo:c.hi] for k, v in whole.items()}, 1 - c.slot)
+        for c in chunks:
+            if c.on_disk:
                 c.slot = 1 - c.slot
             else:
-                c.resident = {k: v.clone() for k, v in part.items()}
+                c.resident = {k: v[c.lo:c.hi].clone() for k, v in whole.items()}
             c.small = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
                        for k, v in state.items() if k not in whole}
             c.has_state = True
