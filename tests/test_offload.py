@@ -15,6 +15,7 @@ from zerolite.testing.multiprocess import RankFailed, run_ranks
 from zerolite.testing.reference import train_engine
 from zerolite.zero.sharded_model import gather_full_state_dict
 
+from offload_cases import assert_same_run, train_then_die_mid_step
 from gpt_cases import batches, ds_config, reference_run, tiny_gpt
 
 STEPS, HALF = 6, 3
@@ -49,10 +50,6 @@ def _train(rank, world, cfg, steps=STEPS):
             engine.skipped_steps)
 
 
-def _assert_same(a, b):
-    assert a[0] == b[0]  # losses, bitwise
-    for name, value in a[1].items():
-        assert torch.equal(value, b[1][name]), name
 
 
 # -- parity ---------------------------------------------------------------------------------
@@ -60,7 +57,7 @@ def _assert_same(a, b):
 def test_nvme_offload_bitwise_equal_to_no_offload_and_tracks_reference(tmp_path, world):
     plain = run_ranks(_train, world, _cfg(world))[0]
     off = run_ranks(_train, world, _cfg(world, _nvme(tmp_path)))[0]
-    _assert_same(off, plain)
+    assert_same_run(off, plain)
     ref_losses, ref_params = reference_run(STEPS)
     torch.testing.assert_close(torch.tensor(off[0]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     for name, value in ref_params.items():
@@ -100,7 +97,7 @@ def test_offload_variants_bitwise_equal_to_no_offload(tmp_path, case):
                                           **extra))[0]
     off = run_ranks(_train, world, _cfg(world, offload, stage=stage, bf16=bf16,
                                         optimizer=opt, **extra))[0]
-    _assert_same(off, plain)
+    assert_same_run(off, plain)
     assert (off[4] > 0) == (case == "fp16") and off[4] == plain[4]
     if case == "ratio0.5":
         assert 0 < off[2]["chunks_on_disk"] < off[2]["chunks"]
@@ -136,25 +133,12 @@ def test_resume_across_offload_modes_is_exact(tmp_path, save_mode, load_mode):
     # last bit (e.g. 700: 2 of 200k elements, 7e-9); aligned chunk edges keep it bitwise.
     load_cfg["zero_optimization"]["sub_group_size"] = 704
     losses, params = run_ranks(_resume, world, load_cfg, str(tmp_path / "ckpt"))[0]
-    _assert_same((first + losses, params), straight)
+    assert_same_run((first + losses, params), straight)
 
 
 # -- crash safety -----------------------------------------------------------------------------
 def _killed_mid_step(rank, world, cfg, save_dir, kill_at_write):
-    engine = _engine(cfg)
-    train_engine(engine, batches(STEPS)[:HALF], rank, world)
-    engine.save_checkpoint(save_dir, tag="half")
-    writes = [0]
-    real_write = SwapFiles.write
-
-    def dying_write(self, *args):
-        writes[0] += 1
-        if rank == 1 and writes[0] == kill_at_write:
-            os._exit(9)  # as a SIGKILL would: no cleanup, files left as they are
-        return real_write(self, *args)
-
-    SwapFiles.write = dying_write
-    train_engine(engine, batches(STEPS)[HALF:], rank, world)
+    train_then_die_mid_step(_engine(cfg), rank, world, save_dir, STEPS, HALF, kill_at_write)
 
 
 def test_nvme_kill_mid_step_then_restart_from_checkpoint(tmp_path):
@@ -167,7 +151,7 @@ def test_nvme_kill_mid_step_then_restart_from_checkpoint(tmp_path):
     left = sorted(os.listdir(swap))
     assert len(left) == 2  # the dead run's swap dirs stay; a restart makes new ones
     losses, params = run_ranks(_resume, world, cfg, str(tmp_path / "ckpt"))[0]
-    _assert_same((straight[0][:HALF] + losses, params), straight)
+    assert_same_run((straight[0][:HALF] + losses, params), straight)
 
 
 def _torn_step(rank, world, cfg, save_dir):

@@ -15,6 +15,7 @@ from zerolite.testing.multiprocess import RankFailed, run_ranks
 from zerolite.testing.reference import train_engine
 from zerolite.zero.sharded_model import gather_full_state_dict
 
+from offload_cases import assert_same_run
 from gpt_cases import batches, ds_config, reference_run, tiny_gpt
 
 STEPS, HALF = 4, 2
@@ -61,10 +62,6 @@ def _train(rank, world, cfg, force=True, steps=STEPS):
             engine.memory_stats(), engine.skipped_steps)
 
 
-def _assert_same(a, b):
-    assert a[0] == b[0]  # losses, bitwise
-    for name, value in a[1].items():
-        assert torch.equal(value, b[1][name]), name
 
 
 # -- parity -----------------------------------------------------------------------------------
@@ -73,7 +70,7 @@ def _assert_same(a, b):
 def test_cpu_offload_bitwise_equal_to_no_offload_and_tracks_reference(world):
     plain = run_ranks(_train, world, _cfg(world), False)[0]
     off = run_ranks(_train, world, _cfg(world, CPU))[0]
-    _assert_same(off, plain)
+    assert_same_run(off, plain)
     ref_losses, ref_params = reference_run(STEPS)
     torch.testing.assert_close(torch.tensor(off[0]), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     for name, value in ref_params.items():
@@ -108,7 +105,7 @@ def test_cpu_offload_variants_bitwise_equal_to_no_offload(case):
     plain = run_ranks(_train, world, _cfg(world, stage=stage, bf16=bf16, **extra), False)[0]
     off = run_ranks(_train, world, _cfg(world, offload, stage=stage, bf16=bf16, param=param,
                                         **extra))[0]
-    _assert_same(off, plain)
+    assert_same_run(off, plain)
     assert (off[4] > 0) == (case == "fp16-skip") and off[4] == plain[4]
     on_host, flats, to_host, to_device = off[2]
     assert (0 < on_host < flats) if case == "ratio0.5" else (on_host == flats)
@@ -121,7 +118,7 @@ def test_cpu_offload_variants_bitwise_equal_to_no_offload(case):
 def test_cpu_offload_on_a_cpu_model_copies_nothing_by_default():
     plain = run_ranks(_train, 1, _cfg(1), False)[0]
     off = run_ranks(_train, 1, _cfg(1, CPU, param=CPU), False)[0]
-    _assert_same(off, plain)
+    assert_same_run(off, plain)
     assert off[2] is None and off[3]["host"] == {}
 
 
@@ -150,7 +147,7 @@ def test_resume_across_cpu_offload_modes_is_exact(tmp_path, save_mode, load_mode
     first = run_ranks(_save_half, world, mode[save_mode], ckpt, save_mode == "cpu")[0]
     losses, params, placed = run_ranks(_resume, world, mode[load_mode], ckpt,
                                        load_mode == "cpu")[0]
-    _assert_same((first + losses, params), straight)
+    assert_same_run((first + losses, params), straight)
     assert (placed is not None) == (load_mode == "cpu")
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import zerolite
-from zerolite.offload.swap_files import SwapFiles
 from zerolite.testing.multiprocess import RankFailed, run_ranks
 from zerolite.testing.reference import train_engine
 from zerolite.zero.sharded_model import gather_full_state_dict
 
+from offload_cases import assert_same_run, train_then_die_mid_step
 from gpt_cases import batches, ds_config, tiny_gpt
 
 STEPS, HALF, SUB = 6, 3, 1000
@@ -57,11 +57,6 @@ def _shards(engine):
     return [(str(i), f.shard) for i, f in enumerate(engine.sharded.flats)]
 
 
-def _assert_same(a, b):
-    assert a[0] == b[0]  # losses, bitwise
-    assert a[1].keys() == b[1].keys()
-    for name, value in a[1].items():
-        assert torch.equal(value, b[1][name]), name
 
 
 @pytest.mark.parametrize("world", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
@@ -69,7 +64,7 @@ def _assert_same(a, b):
 def test_swapped_masters_bitwise_equal_to_no_offload(tmp_path, world, precision):
     plain = run_ranks(_train, world, _cfg(world, precision=precision))[0]
     off = run_ranks(_train, world, _cfg(world, tmp_path, precision=precision))[0]
-    _assert_same(off, plain)  # fp32 masters (read back from the files) and losses
+    assert_same_run(off, plain)  # fp32 masters (read back from the files) and losses
     for k, v in plain[6].items():  # the 16-bit param shards the step wrote chunk by chunk
         assert torch.equal(off[6][k], v), k
     assert off[5], "masters were not swapped out (or came back into RAM)"
@@ -110,31 +105,18 @@ def test_checkpoint_offload_to_plain_and_back_is_exact(tmp_path):
     first = run_ranks(_save_half, world, off_cfg, str(tmp_path / "a"))[0]
     # offload -> no offload (which re-saves at once) -> offload again, at another chunk size.
     plain = run_ranks(_resume, world, _cfg(world), str(tmp_path / "a"), str(tmp_path / "b"))[0]
-    _assert_same((first + plain[0], plain[1]), straight)
+    assert_same_run((first + plain[0], plain[1]), straight)
     # Another chunk size, still a multiple of 8: the fused host Adam steps each chunk's last
     # size % 8 elements on a separate path, so other sizes round differently (optim/builder.py).
     off_cfg["zero_optimization"]["sub_group_size"] = 696
     again = run_ranks(_resume, world, off_cfg, str(tmp_path / "b"))[0]
-    _assert_same((first + again[0], again[1]), straight)
+    assert_same_run((first + again[0], again[1]), straight)
     assert again[2] and not plain[2]
 
 
 # -- crash safety --------------------------------------------------------------------------
 def _killed_mid_step(rank, world, cfg, save_dir, kill_at_write):
-    engine = _engine(cfg)
-    train_engine(engine, batches(STEPS)[:HALF], rank, world)
-    engine.save_checkpoint(save_dir, tag="half")
-    writes = [0]
-    real_write = SwapFiles.write
-
-    def dying_write(self, *args):
-        writes[0] += 1
-        if rank == 1 and writes[0] == kill_at_write:
-            os._exit(9)  # as a SIGKILL would: no cleanup, files left as they are
-        return real_write(self, *args)
-
-    SwapFiles.write = dying_write
-    train_engine(engine, batches(STEPS)[HALF:], rank, world)
+    train_then_die_mid_step(_engine(cfg), rank, world, save_dir, STEPS, HALF, kill_at_write)
 
 
 def test_kill_mid_step_then_restart_from_checkpoint(tmp_path):
@@ -146,7 +128,7 @@ def test_kill_mid_step_then_restart_from_checkpoint(tmp_path):
         run_ranks(_killed_mid_step, world, cfg, str(tmp_path / "ckpt"), 80)
     assert len(os.listdir(swap)) == 2  # the dead run's swap dirs stay; a restart makes new ones
     losses, params, swapped = run_ranks(_resume, world, cfg, str(tmp_path / "ckpt"))[0]
-    _assert_same((straight[0][:HALF] + losses, params), straight)
+    assert_same_run((straight[0][:HALF] + losses, params), straight)
     assert swapped
 
 
@@ -172,7 +154,7 @@ def test_gathered_parameters_write_and_16bit_save_see_swapped_masters(tmp_path):
         cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     plain = run_ranks(_modify_and_export, world, plain_cfg, str(tmp_path / "p"))[0]
     off = run_ranks(_modify_and_export, world, off_cfg, str(tmp_path / "o"))[0]
-    _assert_same(off[:2], plain[:2])
+    assert_same_run(off[:2], plain[:2])
     assert off[3] and not plain[3]
     a, b = load_file(tmp_path / "p" / "model.safetensors"), load_file(tmp_path / "o" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -5,19 +5,17 @@ lives only in the optimizer's master files); "bf16" = bf16 with the optimizer in
 "bf16+opt" = bf16 with both offloads. Every run uses gradient accumulation (2 micro-steps)
 and active clipping; each is compared bit for bit with the same run without offload.
 """
-import os
-
 import pytest
 import torch
 
 import zerolite
 from zerolite.config import load_config
 from zerolite.errors import ZeroliteConfigError
-from zerolite.offload.swap_files import SwapFiles
 from zerolite.testing.multiprocess import RankFailed, run_ranks
 from zerolite.testing.reference import train_engine
 from zerolite.zero.sharded_model import gather_full_state_dict
 
+from offload_cases import assert_same_run, train_then_die_mid_step
 from gpt_cases import batches, ds_config, reference_run, tiny_gpt
 
 STEPS, HALF, SUB = 6, 3, 1000
@@ -60,11 +58,6 @@ def _train(rank, world, cfg, steps=STEPS):
             out_at_start and _shards_out_of_ram(engine))
 
 
-def _assert_same(a, b):
-    assert a[0] == b[0]  # losses, bitwise
-    assert a[1].keys() == b[1].keys()
-    for name, value in a[1].items():
-        assert torch.equal(value, b[1][name]), name
 
 
 # -- parity ---------------------------------------------------------------------------------
@@ -73,7 +66,7 @@ def _assert_same(a, b):
 def test_param_offload_bitwise_equal_to_no_offload(tmp_path, world, case):
     plain = run_ranks(_train, world, _cfg(world, precision=case))[0]
     off = run_ranks(_train, world, _cfg(world, case, tmp_path))[0]
-    _assert_same(off, plain)
+    assert_same_run(off, plain)
     assert off[4], "param shards were not (or not kept) out of RAM"
     swap, mem = off[2], off[3]
     assert mem["param_shards"] == 0 < plain[3]["param_shards"]
@@ -104,7 +97,7 @@ def test_bf16_both_offloads_and_persistent_units_bitwise_equal(tmp_path, persist
                                           stage3_param_persistence_threshold=persist))[0]
     off = run_ranks(_train, world, _cfg(world, "bf16+opt", tmp_path,
                                         stage3_param_persistence_threshold=persist))[0]
-    _assert_same(off, plain)
+    assert_same_run(off, plain)
     assert off[4] and off[3]["master_shards"] == 0 == off[3]["param_shards"]
 
 
@@ -139,10 +132,10 @@ def test_checkpoint_param_offload_to_plain_and_back_is_exact(tmp_path, case):
                       freeze)[0]
     plain = run_ranks(_resume, world, plain_cfg, str(tmp_path / "a"), str(tmp_path / "b"),
                       freeze)[0]
-    _assert_same((first + plain[0], plain[1]), straight)
+    assert_same_run((first + plain[0], plain[1]), straight)
     again = run_ranks(_resume, world, _cfg(world, case, tmp_path), str(tmp_path / "b"), None,
                       freeze)[0]
-    _assert_same((first + again[0], again[1]), straight)
+    assert_same_run((first + again[0], again[1]), straight)
     assert again[2] and not plain[2]
 
 
@@ -163,7 +156,7 @@ def test_load_into_a_running_engine_is_exact(tmp_path, case):
     straight = run_ranks(_train, world, _cfg(world, precision=case))[0]
     losses, params = run_ranks(_reload_same_engine, world, _cfg(world, case, tmp_path),
                                str(tmp_path / "ckpt"))[0]
-    _assert_same((straight[0][:HALF] + losses, params), (straight[0], straight[1]))
+    assert_same_run((straight[0][:HALF] + losses, params), (straight[0], straight[1]))
 
 
 def _write_under_read_ahead(rank, world, cfg):
@@ -192,19 +185,7 @@ def test_a_write_replaces_a_read_ahead_of_the_old_values(tmp_path, case):
 
 # -- crash safety ----------------------------------------------------------------------------
 def _killed_mid_step(rank, world, cfg, save_dir, kill_at_write):
-    engine = _engine(cfg)
-    train_engine(engine, batches(STEPS)[:HALF], rank, world)
-    engine.save_checkpoint(save_dir, tag="half")
-    writes, real_write = [0], SwapFiles.write
-
-    def dying_write(self, *args):
-        writes[0] += 1
-        if rank == 1 and writes[0] == kill_at_write:
-            os._exit(9)  # as a SIGKILL would: no cleanup, files left as they are
-        return real_write(self, *args)
-
-    SwapFiles.write = dying_write
-    train_engine(engine, batches(STEPS)[HALF:], rank, world)
+    train_then_die_mid_step(_engine(cfg), rank, world, save_dir, STEPS, HALF, kill_at_write)
 
 
 def test_kill_mid_step_then_restart_from_checkpoint(tmp_path):
@@ -217,7 +198,7 @@ def test_kill_mid_step_then_restart_from_checkpoint(tmp_path):
         run_ranks(_killed_mid_step, world, cfg, str(tmp_path / "ckpt"), 100)
     losses, params, out = run_ranks(_resume, world, cfg, str(tmp_path / "ckpt"), None,
                                     False)[0]
-    _assert_same((straight[0][:HALF] + losses, params), straight)
+    assert_same_run((straight[0][:HALF] + losses, params), straight)
     assert out
 
 
@@ -244,7 +225,7 @@ def test_gathered_parameters_write_and_16bit_save_with_param_offload(tmp_path, c
     off_cfg = _cfg(world, case, tmp_path, stage3_gather_16bit_weights_on_model_save=True)
     plain = run_ranks(_modify_and_export, world, plain_cfg, str(tmp_path / "p"))[0]
     off = run_ranks(_modify_and_export, world, off_cfg, str(tmp_path / "o"))[0]
-    _assert_same(off[:2], plain[:2])
+    assert_same_run(off[:2], plain[:2])
     assert off[2] and not plain[2]
     a = load_file(tmp_path / "p" / "model.safetensors")
     b = load_file(tmp_path / "o" / "model.safetensors")
