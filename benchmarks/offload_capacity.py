@@ -91,7 +91,8 @@ def _worker(args) -> dict:
            "init_peak_param_mib": init.peak_param_bytes / MIB,
            "init_kept_param_mib": init.partitioned_bytes / MIB,
            "full_model_param_mib": 4 * cfg.num_params() / MIB,
-           "memory_stats_mib": {k: v / MIB for k, v in engine.memory_stats().items()}}
+           "memory_stats_mib": {k: v / MIB for k, v in engine.memory_stats().items()
+                             if isinstance(v, (int, float))}}
     if hasattr(engine.optimizer, "offload_stats"):
         s = engine.optimizer.offload_stats()
         out.update(disk_mib=s["disk_bytes"] / MIB,
