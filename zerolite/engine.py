@@ -366,6 +366,9 @@ class ZeroEngine(DeepSpeedAccessors):
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes(),
+                # full-size buffers kept for reuse: the most gathered params and gradient
+                # buffers ever live at once (prefetch, reuse distance, reduce bucket)
+                "buffer_pool": self.sharded.pool.held_bytes(),
                 "host": host}  # the part in host memory apart from the device (offload 'cpu')
 
     # -- checkpoints (implemented in zerolite.checkpoint) ------------------------------
