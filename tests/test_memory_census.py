@@ -16,7 +16,8 @@ from zerolite.testing.reference import train_engine
 from gpt_cases import batches, tiny_gpt
 
 
-def _live_tensor_bytes() -> int:
+def _live_storages() -> dict[int, int]:
+    """data_ptr -> nbytes of every live CPU tensor storage in this process."""
     gc.collect()
     seen = {}
     for obj in gc.get_objects():
@@ -27,10 +28,12 @@ def _live_tensor_bytes() -> int:
                     seen[storage.data_ptr()] = storage.nbytes()
         except (RuntimeError, NotImplementedError, ReferenceError):
             continue
-    return sum(seen.values())
+    return seen
 
 
 def _census(rank, world, bf16):
+    # The rank is forked from pytest: tensors the earlier tests left alive are not ours.
+    inherited = _live_storages()
     model = tiny_gpt()
     cfg = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
            "zero_optimization": {"stage": 3}, "bf16": {"enabled": bf16}}
@@ -41,7 +44,8 @@ def _census(rank, world, bf16):
     ms = engine.memory_stats()
     accounted = sum(ms[k] for k in ("param_shards", "master_shards", "optimizer_state",
                                     "gathered", "buffer_pool"))
-    return _live_tensor_bytes(), accounted, ms["buffer_pool"]
+    live = sum(n for ptr, n in _live_storages().items() if ptr not in inherited)
+    return live, accounted, ms["buffer_pool"]
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
