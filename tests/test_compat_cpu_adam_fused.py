@@ -1,4 +1,5 @@
 """deepspeed.ops.adam.DeepSpeedCPUAdam runs torch's fused CPU Adam and matches torch AdamW."""
+import pytest
 import torch
 
 from zerolite.compat.deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -29,3 +30,12 @@ def test_cpu_adam_adamw_mode_false_is_l2_adam():
     ours, _ = _run(lambda ps: DeepSpeedCPUAdam(ps, adamw_mode=False, **kw))
     ref, _ = _run(lambda ps: torch.optim.Adam(ps, **kw))
     torch.testing.assert_close(ours, ref, rtol=0, atol=2e-6)
+
+
+def test_cpu_adam_refuses_amsgrad_as_deepspeed_does():
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(RuntimeError, match=r"DeepSpeedCPUAdam\(amsgrad=True\)"):
+        DeepSpeedCPUAdam([p], amsgrad=True)
+    opt = DeepSpeedCPUAdam([p])
+    with pytest.raises(RuntimeError, match="AMSGrad"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))], "amsgrad": True})

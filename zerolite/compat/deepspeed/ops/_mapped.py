@@ -50,6 +50,14 @@ class DeepSpeedCPUAdam(torch.optim.Adam):
         self.defaults.update(adamw_mode=bool(adamw_mode), bias_correction=True,
                              fp32_optimizer_states=fp32_optimizer_states)
 
+    def add_param_group(self, param_group: dict) -> None:
+        # DeepSpeed's class refuses AMSGrad for the constructor's and any later group.
+        if param_group.get("amsgrad", self.defaults["amsgrad"]):
+            raise DeepSpeedFeatureNotSupported(message(
+                "deepspeed.ops.adam.DeepSpeedCPUAdam(amsgrad=True)",
+                "DeepSpeed itself rejects the AMSGrad variant for CPU Adam"))
+        super().add_param_group(param_group)
+
 
 class DeepSpeedCPUAdagrad(torch.optim.Adagrad):
     """`DeepSpeedCPUAdagrad(model_params, lr, eps, weight_decay, amsgrad, fp32_optimizer_states)`."""
