@@ -49,6 +49,8 @@ def _guard(budget: int) -> None:
 
 def _zero_cfg(args) -> dict:
     zero = {"stage": 3}
+    if args.reuse_distance is not None:  # else DeepSpeed's default (1e9), as a user's config
+        zero["stage3_max_reuse_distance"] = args.reuse_distance
     if args.mode in ("nvme", "nvme+param"):
         zero.update(offload_optimizer={"device": "nvme", "nvme_path": args.swap},
                     sub_group_size=args.sub_group_size)
@@ -176,7 +178,8 @@ def _search(args, mode: str) -> dict:
 def _shared_flags(a) -> list[str]:
     return ["--d-model", str(a.d_model), "--vocab", str(a.vocab), "--seq", str(a.seq),
             "--batch", str(a.batch), "--steps", str(a.steps), "--budget-mib",
-            str(a.budget_mib), "--sub-group-size", str(a.sub_group_size)]
+            str(a.budget_mib), "--sub-group-size", str(a.sub_group_size)] + \
+        ([] if a.reuse_distance is None else ["--reuse-distance", str(a.reuse_distance)])
 
 
 def main() -> None:
@@ -189,6 +192,8 @@ def main() -> None:
     p.add_argument("--budget-mib", type=int, default=4096)
     p.add_argument("--sub-group-size", type=int, default=10_000_000)
     p.add_argument("--modes", default="none,nvme")
+    p.add_argument("--reuse-distance", type=int, default=None,
+                   help="zero_optimization.stage3_max_reuse_distance (default: DeepSpeed's)")
     p.add_argument("--start", type=int, default=8, help="first depth probed")
     p.add_argument("--max-layers", type=int, default=256)
     p.add_argument("--probe-timeout", type=float, default=1200)
