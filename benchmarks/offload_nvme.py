@@ -28,6 +28,29 @@ import time
 MIB = 2 ** 20
 
 
+def _glibc_heap():
+    """A function returning glibc's heap counters in MiB (mallinfo2), or None off glibc:
+    in use vs free-but-resident says how much of RSS the allocator keeps."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = MallInfo2
+    names = {"arena": "heap_mib", "hblkhd": "mmapped_mib", "uordblks": "heap_in_use_mib",
+             "fordblks": "heap_free_mib"}
+
+    def read() -> dict:
+        info = fn()
+        return {v: getattr(info, k) / MIB for k, v in names.items()}
+    return read
+
+
 def _worker(args) -> dict:
     import psutil
     import torch
@@ -60,9 +83,14 @@ def _worker(args) -> dict:
     after_init = proc.memory_info().rss
     peak, sampling = [after_init], [True]
 
+    heap, at_peak = _glibc_heap(), {}
+
     def sample():  # peak RSS while training only (ru_maxrss also covers the start-up)
         while sampling[0]:
-            peak[0] = max(peak[0], proc.memory_info().rss)
+            rss = proc.memory_info().rss
+            if rss > peak[0]:
+                peak[0] = rss
+                at_peak.update(heap() if heap else {})
             time.sleep(0.005)
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -90,7 +118,7 @@ def _worker(args) -> dict:
     out = {"rank": args.rank, "params": cfg.num_params(),
            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "rss_after_init_mib": after_init / MIB, "peak_rss_training_mib": peak[0] / MIB,
-           "base_rss_mib": base_rss / MIB, "step_s": times,
+           "base_rss_mib": base_rss / MIB, "step_s": times, "glibc_at_peak": at_peak,
            "optimizer_state_in_ram_mib": mem["optimizer_state"] / MIB,
            "master_shards_in_ram_mib": mem["master_shards"] / MIB,
            "param_shards_in_ram_mib": mem["param_shards"] / MIB}

@@ -369,6 +369,9 @@ class ZeroEngine(DeepSpeedAccessors):
                 # full-size buffers kept for reuse: the most gathered params and gradient
                 # buffers ever live at once (prefetch, reuse distance, reduce bucket)
                 "buffer_pool": self.sharded.pool.held_bytes(),
+                # offload_param nvme: spare and read-ahead shard buffers (param_swap.py)
+                "param_read_buffers": self.param_swap.read_buffer_bytes()
+                if self.param_swap is not None else 0,
                 "host": host}  # the part in host memory apart from the device (offload 'cpu')
 
     # -- checkpoints (implemented in zerolite.checkpoint) ------------------------------

@@ -229,10 +229,12 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * 4, master.cpu())
 
     # -- swapped-out masters (FlatParam.master_store) -----------------------------------------
-    def read_master(self, master) -> torch.Tensor:
-        """The committed fp32 values of a swapped-out master shard (a fresh tensor)."""
+    def read_master(self, master, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The committed fp32 values of a swapped-out master shard (into `out`, a host
+        buffer of its size, else a fresh tensor)."""
         self.refuse_if_torn(master)
-        out = torch.empty(master.shape, dtype=torch.float32)
+        if out is None:
+            out = torch.empty(master.shape, dtype=torch.float32)
         for c in self._by_master[master]:
             part = out[c.lo:c.hi]
             if c.on_disk:

@@ -9,6 +9,15 @@ Lifecycle of one flat's shard (`flat.shard` is an empty tensor while it is out):
   write       the optimizer step (or a checkpoint load, or a GatheredParameters write-back)
               writes new values into the file (and into the buffer, if one is loaded).
 
+[Note: spare read buffers] At world > 1 a shard buffer is dropped right after its all-gather
+and the next read of that size fills it again instead of a fresh allocation: shards are a few
+MiB to tens of MiB, which glibc (once its dynamic mmap threshold has risen past them) serves
+from the heap, and freed heap blocks between live ones stay resident. Measured on a 63M GPT,
+fp32, both offloads, world 2: peak RSS 1446 / 1423 MiB vs 1537 / 1485 MiB with fresh buffers.
+A buffer is created only when no spare of its size is left, so there are never more of a
+size than were live at once before. At world 1 the shard is the full buffer, which autograd
+may hold views of: it is never reused.
+
 Read-ahead: the units fetched in one optimizer step (forward and backward of every micro-step,
 then the re-gathers after the step) are recorded; while the next step fetches in the same
 order, each fetch starts reads for the next `buffer_count` upcoming units on an I/O thread, so
@@ -46,13 +55,14 @@ class ParamSwap:
         self._name: dict[int, str] = {}
         self._from_master: set[int] = set()
         self._reader = master_reader
+        self._spare: dict[tuple, list] = {}
         self._pending: dict[int, tuple] = {}
         """id(flat) -> (flat, future of its read) for read-aheads not yet used."""
         self._unit_of = {id(f): u.index for u in units for f in u.flats}
         self._record: list[int] = []
         self._seq: list[int] = []
         self._following = False
-        self.stats = {"reads": 0, "read_ahead_hits": 0, "wait_s": 0.0}
+        self.stats = {"reads": 0, "read_ahead_hits": 0, "wait_s": 0.0, "buffers_reused": 0}
         for unit in units:
             for pos, flat in enumerate(unit.flats):
                 if master_reader is not None and flat.master is not None \
@@ -70,10 +80,24 @@ class ParamSwap:
             unit.swap = self
 
     # -- reading ---------------------------------------------------------------------------
-    def _read(self, flat) -> torch.Tensor:
+    def _buffer(self, flat) -> torch.Tensor | None:
+        """A spare read buffer of the flat's shard size (see [Note: spare read buffers])."""
+        free = self._spare.get((flat.shard_numel, flat.compute_dtype))
+        if not free:
+            return None
+        self.stats["buffers_reused"] += 1
+        return free.pop()
+
+    def _recycle(self, flat, buf: torch.Tensor) -> None:
+        """Keep `buf` (no longer referenced by the flat) as a spare, where that is safe."""
+        if not flat.full_is_shard and buf.device.type == "cpu":
+            self._spare.setdefault((flat.shard_numel, flat.compute_dtype), []).append(buf)
+
+    def _read(self, flat, buf=None) -> torch.Tensor:
         if id(flat) in self._from_master:
-            return self._reader(flat.master)
-        buf = torch.empty(flat.shard_numel, dtype=flat.compute_dtype)
+            return self._reader(flat.master, buf)
+        if buf is None:
+            buf = torch.empty(flat.shard_numel, dtype=flat.compute_dtype)
         self._files.read(self._name[id(flat)], 0, 0, buf)
         return buf.to(flat._empty.device)  # Note: accelerator copy untested (no GPU here)
 
@@ -82,7 +106,7 @@ class ParamSwap:
         if item is not None:
             self.stats["read_ahead_hits"] += 1
         start = time.perf_counter()
-        buf = item[1].result() if item is not None else self._read(flat)
+        buf = item[1].result() if item is not None else self._read(flat, self._buffer(flat))
         self.stats["wait_s"] += time.perf_counter() - start
         self.stats["reads"] += 1
         return buf
@@ -110,7 +134,8 @@ class ParamSwap:
             issued.add(index)
             for flat in self._units[index].flats:
                 if id(flat) not in queued and flat.shard.numel() == 0 and flat.shard_numel:
-                    self._pending[id(flat)] = (flat, self._io.submit(self._read, flat))
+                    self._pending[id(flat)] = (flat, self._io.submit(self._read, flat,
+                                                                   self._buffer(flat)))
 
     def after_gather(self, unit) -> None:
         self._drop(unit, [f for f in unit.flats if not f.full_is_shard])
@@ -122,6 +147,7 @@ class ParamSwap:
         dropped = False
         for flat in flats:
             if flat.shard.numel():
+                self._recycle(flat, flat.shard)
                 flat.shard = flat._empty
                 if flat.full_is_shard:
                     flat.full = flat._empty
@@ -150,12 +176,12 @@ class ParamSwap:
     def _drop_pending(self, flat) -> None:
         item = self._pending.pop(id(flat), None)
         if item is not None:
-            item[1].result()
+            self._recycle(flat, item[1].result())
 
     def new_sequence(self) -> None:
         """After an optimizer step: drop unused read-aheads, keep this step's fetch order."""
         for flat, fut in self._pending.values():
-            fut.result()
+            self._recycle(flat, fut.result())
         self._pending.clear()
         if self._seq:
             self._record, self._seq = self._seq, []
@@ -165,6 +191,12 @@ class ParamSwap:
         self._read_ahead(self._record)
 
     # -- accounting ---------------------------------------------------------------------------
+    def read_buffer_bytes(self) -> int:
+        """Host bytes of shard buffers held apart from the flats: spares and read-aheads."""
+        spare = sum(b.numel() * b.element_size() for free in self._spare.values() for b in free)
+        pending = sum(f.shard_numel * f.shard.element_size() for f, _ in self._pending.values())
+        return spare + pending
+
     def offload_stats(self) -> dict:
         loaded = sum(f.shard.numel() * f.shard.element_size() for u in self._units
                      for f in u.flats)
