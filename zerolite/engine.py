@@ -355,10 +355,8 @@ class ZeroEngine(DeepSpeedAccessors):
         master = sum(f.master_nbytes() for f in self.sharded.flats)
         if hasattr(self.optimizer, "master_resident_nbytes"):  # swapped-out masters' rest
             master += self.optimizer.master_resident_nbytes()
-        optim = 0
-        if hasattr(self.optimizer, "resident_state_nbytes"):  # offloaded: only its buffers
-            optim = self.optimizer.resident_state_nbytes()
-        else:
+        optim = getattr(self.optimizer, "resident_state_nbytes", lambda: 0)()  # offloaded
+        if not hasattr(self.optimizer, "resident_state_nbytes"):
             for state in (self.optimizer.state.values() if self.optimizer else []):
                 optim += sum(v.numel() * v.element_size() for v in state.values()
                              if isinstance(v, torch.Tensor))
@@ -366,12 +364,10 @@ class ZeroEngine(DeepSpeedAccessors):
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes(),
-                # full-size buffers kept for reuse: the most gathered params and gradient
-                # buffers ever live at once (prefetch, reuse distance, reduce bucket)
-                "buffer_pool": self.sharded.pool.held_bytes(),
-                # offload_param nvme: spare and read-ahead shard buffers (param_swap.py)
-                "param_read_buffers": self.param_swap.read_buffer_bytes()
-                if self.param_swap is not None else 0,
+                # full-size buffers kept for reuse (the most ever live at once), and the
+                # spare / read-ahead shard buffers of offload_param nvme (param_swap.py)
+                "buffer_pool": self.sharded.pool.held_bytes(), "param_read_buffers":
+                self.param_swap.read_buffer_bytes() if self.param_swap is not None else 0,
                 "host": host}  # the part in host memory apart from the device (offload 'cpu')
 
     # -- checkpoints (implemented in zerolite.checkpoint) ------------------------------
