@@ -28,29 +28,6 @@ import time
 MIB = 2 ** 20
 
 
-def _glibc_heap():
-    """A function returning glibc's heap counters in MiB (mallinfo2), or None off glibc:
-    in use vs free-but-resident says how much of RSS the allocator keeps."""
-    import ctypes
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost")]
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = MallInfo2
-    names = {"arena": "heap_mib", "hblkhd": "mmapped_mib", "uordblks": "heap_in_use_mib",
-             "fordblks": "heap_free_mib"}
-
-    def read() -> dict:
-        info = fn()
-        return {v: getattr(info, k) / MIB for k, v in names.items()}
-    return read
-
-
 def _worker(args) -> dict:
     import psutil
     import torch
@@ -83,14 +60,16 @@ def _worker(args) -> dict:
     after_init = proc.memory_info().rss
     peak, sampling = [after_init], [True]
 
-    heap, at_peak = _glibc_heap(), {}
+    from zerolite.host_memory import heap_counters
+
+    heap, at_peak = heap_counters(), {}
 
     def sample():  # peak RSS while training only (ru_maxrss also covers the start-up)
         while sampling[0]:
             rss = proc.memory_info().rss
             if rss > peak[0]:
                 peak[0] = rss
-                at_peak.update(heap() if heap else {})
+                at_peak.update({f"{k}_mib": v / MIB for k, v in (heap() if heap else {}).items()})
             time.sleep(0.005)
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()

@@ -355,11 +355,10 @@ class ZeroEngine(DeepSpeedAccessors):
         master = sum(f.master_nbytes() for f in self.sharded.flats)
         if hasattr(self.optimizer, "master_resident_nbytes"):  # swapped-out masters' rest
             master += self.optimizer.master_resident_nbytes()
-        optim = getattr(self.optimizer, "resident_state_nbytes", lambda: 0)()  # offloaded
-        if not hasattr(self.optimizer, "resident_state_nbytes"):
-            for state in (self.optimizer.state.values() if self.optimizer else []):
-                optim += sum(v.numel() * v.element_size() for v in state.values()
-                             if isinstance(v, torch.Tensor))
+        resident = getattr(self.optimizer, "resident_state_nbytes", None)  # offloaded: buffers
+        optim = resident() if resident else sum(
+            v.numel() * v.element_size() for state in (self.optimizer.state.values()
+            if self.optimizer else []) for v in state.values() if isinstance(v, torch.Tensor))
         host = self.host_placement.host_nbytes(self.optimizer) if self.host_placement else {}
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,

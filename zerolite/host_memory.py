@@ -40,3 +40,30 @@ def fix_mmap_threshold(threshold_bytes: int = 1 << 20) -> bool:
     if ok:
         logger.info("zerolite: glibc mmap threshold pinned at %d bytes (opt-in)", threshold_bytes)
     return ok
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def heap_counters():
+    """A function returning glibc's heap counters now (mallinfo2, in bytes), or None where
+    glibc is not the C library: in use vs free-but-resident says how much of RSS the
+    allocator keeps."""
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).mallinfo2 if name else None
+    except (OSError, AttributeError):
+        return None
+    if fn is None:
+        return None
+    fn.restype = _MallInfo2
+    names = {"arena": "heap", "hblkhd": "mmapped", "uordblks": "heap_in_use",
+             "fordblks": "heap_free"}
+
+    def read() -> dict:
+        info = fn()
+        return {v: getattr(info, k) for k, v in names.items()}
+    return read
