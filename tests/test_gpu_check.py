@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import gpu_check  # noqa: E402
+import gpu_peers  # noqa: E402
 import gpu_prefetch  # noqa: E402
 import kernel_bandwidth  # noqa: E402
 
@@ -20,7 +21,8 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA bran
 @pytest.mark.parametrize("script,says", [("gpu_check.py", "needs a CUDA GPU"),
                                           ("kernel_bandwidth.py", "needs a CUDA device"),
                                           ("gpu_prefetch.py", "needs a CUDA device"),
-                                          ("gpu_offload_cpu.py", "needs a CUDA device")])
+                                          ("gpu_offload_cpu.py", "needs a CUDA device"),
+                                          ("gpu_peers.py", "needs a CUDA device")])
 def test_without_cuda_says_so_and_exits_0(tmp_path, script, says):
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, os.path.join("benchmarks", script), "--out", str(out)],
@@ -51,10 +53,27 @@ def test_spec_bandwidth_from_clock_and_bus():
     assert kernel_bandwidth.spec_bandwidth_gbs(object()) is None
 
 
-def test_phases_fit_in_nine_minutes():
-    # 8.5 min since the offload phase (issue 15): a GPU task has 15 min of device time,
-    # machine start included.
-    assert sum(limit for _, _, limit in gpu_check.phases("/tmp/x")) <= 9 * 60
+def test_run_fits_in_nine_minutes_and_the_deadline_cuts_later_phases(tmp_path, monkeypatch):
+    # A GPU task has 15 min of device time, machine start included.
+    assert gpu_check.DEADLINE_S <= 9 * 60
+    names = [name for name, _, _ in gpu_check.phases(str(tmp_path), dry=False)]
+    assert names[:2] == ["kernels", "peers"]  # the headline figures first
+    ran = []
+
+    def fake_run_phase(name, cmd, limit, out):
+        ran.append((name, limit))
+        return {"phase": name, "rc": 0, "seconds": 0.0, "log": "-", "tail": ""}
+
+    monkeypatch.setattr(gpu_check, "run_phase", fake_run_phase)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "environment", lambda: {"torch": "x"})
+    clock = iter([0.0, 0.0, 100.0, 595.0, 596.0, 597.0, 598.0])
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: next(clock))
+    rc = gpu_check.main(["--out", str(tmp_path), "--deadline", "600"])
+    assert ran == [("kernels", 45), ("peers", 240)]
+    summary = __import__("json").load(open(tmp_path / "summary.json"))
+    assert [p["name"] for p in summary["phases"]] == names
+    assert summary["phases"][2]["rc"] == "not run: deadline" and rc == 1
 
 
 def test_phase_timeout_and_failure_are_reported(tmp_path):
@@ -63,7 +82,7 @@ def test_phase_timeout_and_failure_are_reported(tmp_path):
     bad = gpu_check.run_phase("bad", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"],
                               30, str(tmp_path))
     assert slow["rc"] == "timeout" and bad["rc"] == 3 and "boom" in bad["tail"]
-    text = gpu_check.summary({"torch": "x"}, [slow, bad], str(tmp_path))
+    text = gpu_check.write_summary({"torch": "x"}, [slow, bad], str(tmp_path))
     assert "| slow | FAILED (timeout) |" in text and "| bad | FAILED (3) |" in text
 
 
@@ -73,3 +92,31 @@ def test_exposed_fraction_uses_the_off_run():
     gpu_prefetch.summarize(rows)
     assert rows[0]["exposed_vs_gather_off"] == 1.0
     assert rows[1]["exposed_vs_gather_off"] == pytest.approx(0.05)
+
+
+def test_dry_run_trains_every_engine_it_can_on_cpu(tmp_path):
+    """The peers phase's dry run: a tiny GPT through each engine's own path, the same losses."""
+    out = tmp_path / "peers.json"
+    r = subprocess.run([sys.executable, "benchmarks/gpu_peers.py", "--dry-run", "--engines",
+                        "torch,zerolite,zerolite_offload", "--steps", "3", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {row["engine"]: row for row in __import__("json").load(open(out))}
+    assert set(rows) == {"torch", "zerolite", "zerolite_offload"}
+    for row in rows.values():
+        assert len(row["losses"]) == 2 + 3 and row["tokens_per_s"] > 0
+        # bf16 autocast over fp32 params vs bf16 params over fp32 masters: bf16 noise only
+        assert row["max_rel_loss_diff_vs_torch"] < 2e-2
+
+
+def test_peers_summary_marks_a_failed_engine():
+    rows = [{"engine": "torch", "losses": [2.0, 1.0], "tokens_per_s": 10.0, "mfu": 0.1,
+             "first_step_s": 1.0},
+            {"engine": "zerolite", "losses": [2.0, 1.01], "tokens_per_s": 11.0, "mfu": 0.11,
+             "first_step_s": 1.0},
+            {"engine": "deepspeed", "error": "rc=1: boom"}]
+    gpu_peers.compare(rows)
+    assert rows[1]["max_rel_loss_diff_vs_torch"] == pytest.approx(0.01)
+    text = gpu_peers.table(rows)
+    assert "| deepspeed | FAILED: rc=1: boom" in text and "| zerolite | 11 |" in text
