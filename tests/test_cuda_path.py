@@ -1,5 +1,6 @@
 """The CUDA path, end to end (skipped without CUDA; `make gpu-check` runs it on a GPU):
-placement, stage-3 parity against single-process PyTorch on the same GPU, compiled kernels
+placement, stage-3 parity against single-process PyTorch on the same GPU (fp32, and bf16
+against the bf16-params + fp32-masters reference), compiled kernels
 inside training, and checkpoints of CUDA-trained shards. One GPU runs world 1 on NCCL and
 2 ranks sharing the GPU on gloo (harness_mode)."""
 import copy
@@ -13,7 +14,9 @@ from zerolite.testing.multiprocess import run_ranks
 from zerolite.testing.reference import train_engine, train_reference
 from zerolite.zero.sharded_model import gather_full_state_dict
 
-from gpt_cases import CLIP, adamw, batches, ds_config, tiny_gpt
+from zerolite.testing.bf16_reference import train_bf16_master_reference
+
+from gpt_cases import CLIP, GAS, adamw, batches, ds_config, tiny_gpt
 
 pytestmark = pytest.mark.cuda
 
@@ -51,6 +54,30 @@ def test_stage3_on_cuda_matches_single_process(world):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     for name, value in ref_params.items():
         torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def _train_bf16(rank, world):
+    model = tiny_gpt()
+    cfg = ds_config(world, bf16=True)
+    cfg["optimizer"]["params"]["torch_adam"] = True  # the reference's kernel (see test_bf16_reference)
+    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    losses = train_engine(engine, batches(), rank, world)
+    return losses, _cpu(gather_full_state_dict(engine.sharded))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_stage3_bf16_on_cuda_matches_bf16_master_reference(world):
+    """bf16 params + fp32 masters on the GPU, against the plain-torch reference of that
+    algorithm on the same GPU with the same micro-batch shapes. Below one bf16 ulp (~4e-3
+    relative): a bf16-summed gradient or a truncating re-cast moves weights by a whole ulp."""
+    model = tiny_gpt().to("cuda:0")
+    ref_losses, ref_state = train_bf16_master_reference(
+        model, batches(), lambda m, x, y: m(x.to("cuda:0"), y.to("cuda:0")), adamw, clip=CLIP,
+        pieces=world * GAS)
+    losses, params = run_ranks(_train_bf16, world, timeout_s=600)[0]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=0)
+    for name, value in _cpu(ref_state).items():
+        torch.testing.assert_close(params[name], value, rtol=1e-3, atol=1e-5, msg=name)
 
 
 def test_quantized_training_on_cuda_uses_compiled_kernels():
