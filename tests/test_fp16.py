@@ -125,7 +125,9 @@ class _Regression(torch.nn.Module):
         self.layers = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
 
     def forward(self, x, y):
-        return torch.nn.functional.mse_loss(self.layers(x).float(), y)
+        # y.float(): auto_cast makes the targets half too; torch 2.11's mse_loss backward
+        # fails on a float/half pair ("Found dtype Half but expected Float"), 2.13's promotes.
+        return torch.nn.functional.mse_loss(self.layers(x).float(), y.float())
 
 
 def _auto_cast(rank, world, auto_cast):
