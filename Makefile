@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-slow bench bench-peers gpu-check gpu-check-dry clean
+.PHONY: setup demo test test-torch211 test-slow bench bench-peers gpu-check gpu-check-dry clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15
+
+# The suite under the GPU machine's torch (2.11) and triton (3.6): a second venv. PyPI's
+# torch 2.11 wheel is its CUDA build (~3 GB with its CUDA libraries); it runs on the CPU.
+VENV211   ?= .venv-torch211
+test-torch211:
+	test -x $(VENV211)/bin/python || python3 -m venv $(VENV211)
+	$(VENV211)/bin/python -m pip install --quiet --disable-pip-version-check \
+		torch==2.11.0 triton==3.6.0 -e ".[test]"
+	$(VENV211)/bin/python -m pytest -q
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

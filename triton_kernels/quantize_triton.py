@@ -181,9 +181,11 @@ if HAS_TRITON:
 
     @_autotuned(_tile_configs(), key=["BLOCK", "BITS"])
     @triton.jit
-    def _dequant_sum_kernel(codes_ptr, scales_ptr, out_ptr, n, K,
-                            codes_stride, scales_stride,
+    def _dequant_sum_kernel(codes_ptr, scales_ptr, out_ptr, n,
+                            codes_stride, scales_stride, K: tl.constexpr,
                             BLOCK: tl.constexpr, TILE: tl.constexpr, BITS: tl.constexpr):
+        # K (chunks = ranks) is a constexpr: a handful of values per job, and triton 3.6's
+        # interpreter cannot loop over a runtime scalar ("only 0-dimensional arrays ...").
         pid = tl.program_id(0)
         offs = pid * TILE + tl.arange(0, TILE)
         mask = offs < n
@@ -269,7 +271,7 @@ def dequantize_sum_triton(codes_2d: torch.Tensor, scales_2d: torch.Tensor, bits:
     if numel_per_chunk == 0 or K == 0:
         return out
     grid = lambda m: (triton.cdiv(numel_per_chunk, m["TILE"]),)  # noqa: E731
-    _dequant_sum_kernel[grid](codes_2d, scales_2d, out, numel_per_chunk, K,
-                              codes_2d.stride(0), scales_2d.stride(0),
+    _dequant_sum_kernel[grid](codes_2d, scales_2d, out, numel_per_chunk,
+                              codes_2d.stride(0), scales_2d.stride(0), K=K,
                               BLOCK=block_size, BITS=bits, **_tile_meta(), **_launch_opts())
     return out
