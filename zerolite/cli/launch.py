@@ -3,6 +3,7 @@
     zerolite --num_procs 2 train.py --deepspeed_config ds.json          # CPU: 2 gloo ranks
     zerolite --num_gpus 8 train.py ...                                  # one node, 8 GPUs
     zerolite --hostfile hosts --include "w0:0,1@w1:0,1" train.py ...    # run on EVERY node
+    zerolite --as-deepspeed accelerate launch --use_deepspeed ... train.py  # a launcher command
 
 Hostfile format and ``--include`` / ``--exclude``: zerolite/cli/hostfile.py (as DeepSpeed).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -65,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    action="store_true",
                    help="with --as-deepspeed: do not pass --local_rank=N to the script "
                         "(DeepSpeed's launcher passes it by default)")
-    p.add_argument("user_script", help="training script")
+    p.add_argument("--module", action="store_true",
+                   help="run the script as a Python module, as `python -m` (DeepSpeed's flag)")
+    p.add_argument("user_script", help="training script; with --as-deepspeed also a launcher "
+                   "command on PATH (accelerate, torchrun, deepspeed) to run with the alias")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
 
@@ -165,12 +170,14 @@ def plan(args: argparse.Namespace, *, gpus: int | None = None,
         port = args.master_port if args.master_port != -1 else DEFAULT_MASTER_PORT
         cmd += [f"--node-rank={node_rank}", f"--master-addr={addr}", f"--master-port={port}"]
     cmd.append(f"--max-restarts={args.max_restarts}")
+    module = getattr(args, "module", False)
     if getattr(args, "as_deepspeed", False):
         # torchrun -m: each rank runs zerolite.as_deepspeed, which installs the alias first.
         local_rank = [] if args.no_local_rank else ["--pass_local_rank"]
-        cmd += ["-m", "zerolite.as_deepspeed", *local_rank, args.user_script, *args.user_args]
+        target = ["-m", args.user_script] if module else [args.user_script]
+        cmd += ["-m", "zerolite.as_deepspeed", *local_rank, *target, *args.user_args]
     else:
-        cmd += [args.user_script, *args.user_args]
+        cmd += [*(["--module"] if module else []), args.user_script, *args.user_args]
 
     env = {}
     my_slots = active[hosts[node_rank]] if args.hostfile is not None else active["localhost"]
@@ -274,13 +281,47 @@ def run(p: dict) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
+_PROCESS_FLAGS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "num_procs",
+                  "node_rank", "master_addr", "master_port", "max_restarts", "no_local_rank",
+                  "module")
+
+
+def launcher_command(args: argparse.Namespace) -> dict | None:
+    """`zerolite --as-deepspeed COMMAND ARGS`, where COMMAND is a program on PATH and not a
+    script (`accelerate launch ...`, `torchrun ...`): {cmd, env} that runs it once, on this
+    node, with the alias active in it and in every process it starts; None for a script."""
+    from zerolite.compat import alias_env
+
+    if not args.as_deepspeed or args.module or os.path.exists(args.user_script):
+        return None
+    env = alias_env(dict(os.environ))
+    # PATH, then this interpreter's own folder (a venv's commands, activated or not)
+    path = os.pathsep.join([env["PATH"], os.path.dirname(sys.executable)])
+    exe = None if args.user_script.endswith(".py") else shutil.which(args.user_script, path=path)
+    if exe is None:
+        raise LaunchError(f"{args.user_script!r}: no such script, nor a command of that name "
+                          "on PATH")
+    defaults = build_parser().parse_args(["x"])
+    given = [f for f in _PROCESS_FLAGS if getattr(args, f) != getattr(defaults, f)]
+    if given:
+        raise LaunchError(f"--{given[0]}: with --as-deepspeed {args.user_script} ... the "
+                          f"command starts the processes; pass it {args.user_script}'s own "
+                          "flags instead")
+    return {"cmd": [exe, *args.user_args], "env": env}
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        p = plan(args)
+        command = launcher_command(args)
+        p = plan(args) if command is None else None
     except LaunchError as e:
         sys.stderr.write(f"zerolite: error: {e}\n")
         return 2
+    if command is not None:
+        print(f"zerolite: running {args.user_script} with zerolite as deepspeed", flush=True)
+        print(shlex.join(command["cmd"]), flush=True)
+        return 0 if args.dry_run else run(command)
     where = f"node {p['node_rank']} of {p['nnodes']}"
     kind = "GPU" if p["gpus"] > 0 else "CPU (gloo)"
     print(f"zerolite: {where}, {p['nproc']} {kind} process(es) per node", flush=True)
