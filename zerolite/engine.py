@@ -112,9 +112,10 @@ class ZeroEngine(DeepSpeedAccessors):
         if client_scheduler is not None:
             if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
                 return client_scheduler(self.optimizer)
-            # A scheduler object built on the client's optimizer: point it at ours (the same
-            # param groups, one flat shard per unit instead of the model's params).
-            if getattr(client_scheduler, "optimizer", None) is not None:
+            # Over the client's optimizer it already drives ours (the same object, or its
+            # groups under the NVMe wrapper). Over another one (e.g. with a config-built
+            # optimizer): point it at ours, lr included.
+            if getattr(client_scheduler, "optimizer", None) not in (None, self.optimizer):
                 client_scheduler.optimizer = self.optimizer
                 if hasattr(client_scheduler, "get_last_lr"):
                     for group, lr in zip(self.optimizer.param_groups,
