@@ -1,6 +1,7 @@
-"""An Accelerate script (Accelerator(deepspeed_plugin=...), accelerator.prepare/backward/
-accumulate, a client torch optimizer) on zerolite as DeepSpeed at world 2, ZeRO-3, against
-plain single-process PyTorch on the same global batches: per-step losses and final weights."""
+"""Accelerate scripts (Accelerator(deepspeed_plugin=...), accelerator.prepare/backward/
+accumulate, a client torch optimizer, a client LR scheduler) on zerolite as DeepSpeed at world
+2, ZeRO-3, against plain single-process PyTorch on the same global batches: per-step losses,
+the lr of every param group at every step, and final weights."""
 import copy
 import importlib.util
 import json
@@ -14,21 +15,42 @@ import torch
 pytest.importorskip("accelerate")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "accelerate_mlp.py")
+SCRIPTS = os.path.join(ROOT, "tests", "compat_scripts")
+SCRIPT = os.path.join(SCRIPTS, "accelerate_mlp.py")
 
 
-def _script_module():
-    spec = importlib.util.spec_from_file_location("accelerate_mlp", SCRIPT)
+def _script_module(path=SCRIPT):
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_accelerate_deepspeed_plugin_matches_single_process(tmp_path):
+def _launch(script, out, world):
+    """torchrun the script under the alias; returns (per-rank results, aborted_at_exit)."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           str(world), "-m", "zerolite.as_deepspeed", script, "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    # Note: now and then (seen in 2 of 3 full-suite runs from a fresh clone, never alone) a
+    # rank aborts at interpreter exit after the script finished and wrote its results
+    # ("terminate called without an active exception", SIGABRT). That is a known open bug,
+    # not a pass: the numbers are still checked, then the test reports xfail.
+    aborted_at_exit = (proc.returncode != 0
+                       and "terminate called without an active exception" in output
+                       and all((out / f"rank{r}.json").exists() for r in range(world)))
+    assert proc.returncode == 0 or aborted_at_exit, output[-5000:]
+    return ([json.loads((out / f"rank{r}.json").read_text()) for r in range(world)],
+            aborted_at_exit)
+
+
+def check_mlp_against_reference(runs, world):
+    """accelerate_mlp.py's per-rank results against plain PyTorch on the same global batches:
+    per-step losses and final weights."""
     from zerolite.testing.reference import train_reference
 
     m = _script_module()
-    world = 2
     x, y = m.data(world)
     per_step = m.GAS * m.MICRO * world
     # Accelerate shards batches round-robin over ranks, so an optimizer step covers the next
@@ -38,28 +60,62 @@ def test_accelerate_deepspeed_plugin_matches_single_process(tmp_path):
     ref_losses, ref_state = train_reference(copy.deepcopy(model), batches,
                                             lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01),
                                             clip=m.CLIP)
-
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           str(world), "-m", "zerolite.as_deepspeed", SCRIPT, "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
-    output = proc.stdout + proc.stderr
-    # Note: now and then (seen in 2 of 3 full-suite runs from a fresh clone, never alone) a
-    # rank aborts at interpreter exit after the script finished and wrote its results
-    # ("terminate called without an active exception", SIGABRT). That is a known open bug,
-    # not a pass: the numbers below are still checked, then the test reports xfail.
-    aborted_at_exit = (proc.returncode != 0
-                       and "terminate called without an active exception" in output
-                       and all((tmp_path / f"rank{r}.json").exists() for r in range(world)))
-    assert proc.returncode == 0 or aborted_at_exit, output[-5000:]
-    runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
-    assert runs[0]["engine"] == "ZeroEngine"
+    assert [r["engine"] for r in runs] == ["ZeroEngine"] * world
     micro = torch.tensor([r["losses"] for r in runs])  # rank x micro-batch
     losses = micro.view(world, -1, m.GAS).mean(dim=(0, 2))
     torch.testing.assert_close(losses, torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     for name, value in ref_state.items():
         got = torch.tensor(runs[0]["state"][name])
         torch.testing.assert_close(got, value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_accelerate_deepspeed_plugin_matches_single_process(tmp_path):
+    runs, aborted_at_exit = _launch(SCRIPT, tmp_path, 2)
+    check_mlp_against_reference(runs, 2)
+    if aborted_at_exit:
+        pytest.xfail("results match, but a rank aborted at interpreter exit (known open bug)")
+
+
+def test_accelerate_client_scheduler_drives_every_group_and_resumes(tmp_path):
+    """The loop of run_clm_no_trainer.py: the cosine warm-up schedule is Accelerate's to step
+    (it never reaches deepspeed.initialize) and moves the lr in the client AdamW's two groups;
+    the engine must train with those lrs, from the first step to the resumed ones."""
+    from zerolite.testing.reference import train_reference
+
+    m = _script_module(os.path.join(SCRIPTS, "accelerate_schedule.py"))
+    world = 2
+    x, y = m.data(world)
+    per_step = m.GAS * m.MICRO * world
+    batches = [(x[i:i + per_step], y[i:i + per_step]) for i in range(0, len(x), per_step)]
+    model, groups = m.model_and_groups()
+    ref_losses, ref_state = train_reference(
+        model, batches, lambda g: torch.optim.AdamW(g, lr=m.LR), clip=m.CLIP, params=groups,
+        make_scheduler=lambda opt: m.schedule(opt, world), scheduler_steps=world)
+    lr_probe = torch.optim.SGD([{"params": [torch.zeros(1)]}, {"params": [torch.zeros(1)]}],
+                               lr=m.LR)
+    probe = m.schedule(lr_probe, world)
+    ref_lrs = []
+    for _ in range(m.STEPS):
+        ref_lrs.append([g["lr"] for g in lr_probe.param_groups])
+        for _ in range(world):
+            lr_probe.step()  # no grads: nothing moves; keeps torch's call-order check quiet
+            probe.step()
+    assert ref_lrs[0] == [0.0, 0.0] and ref_lrs[m.WARMUP] == [m.LR, m.LR]  # warm-up, then decay
+
+    runs, aborted_at_exit = _launch(os.path.join(SCRIPTS, "accelerate_schedule.py"), tmp_path,
+                                    world)
+    assert runs[0]["engine"] == "ZeroEngine"
+    for r in runs:
+        assert r["lrs"] == ref_lrs and r["resumed_lrs"] == ref_lrs[m.SAVE_AT:]
+    micro = torch.tensor([r["losses"] for r in runs])  # rank x micro-batch
+    losses = micro.view(world, -1, m.GAS).mean(dim=(0, 2))
+    torch.testing.assert_close(losses, torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    resumed = torch.tensor([r["resumed_losses"] for r in runs]).view(world, -1, m.GAS)
+    torch.testing.assert_close(resumed.mean(dim=(0, 2)), torch.tensor(ref_losses[m.SAVE_AT:]),
+                               rtol=1e-5, atol=0)
+    for key in ("state", "resumed_state"):
+        for name, value in ref_state.items():
+            torch.testing.assert_close(torch.tensor(runs[0][key][name]), value, rtol=1e-5,
+                                       atol=1e-6, msg=f"{key} {name}")
     if aborted_at_exit:
         pytest.xfail("results match, but a rank aborted at interpreter exit (known open bug)")

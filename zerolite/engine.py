@@ -25,6 +25,7 @@ from zerolite.offload.host_placement import place_on_host
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
+from zerolite.optim.param_groups import param_groups
 from zerolite.zero.partition import policy_from_classes
 from zerolite.zero.sharded_model import ShardedModel, ShardingOptions
 
@@ -34,23 +35,6 @@ logger = logging.getLogger("zerolite")
 def _to_half(x):
     """fp16.auto_cast: floating-point inputs become float16, everything else is untouched."""
     return x.half() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
-
-def _param_groups(model: nn.Module, model_parameters) -> tuple[dict, list[dict]]:
-    """(param -> group index, per-group hyper-parameters) from what the user passed."""
-    if model_parameters is None:
-        groups = [{"params": list(model.parameters())}]
-    else:
-        items = list(model_parameters)
-        groups = items if items and isinstance(items[0], dict) else [{"params": items}]
-    group_of, hparams = {}, []
-    for gi, group in enumerate(groups):
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        for p in params:
-            group_of.setdefault(p, gi)
-        hparams.append({k: v for k, v in group.items() if k != "params"})
-    return group_of, hparams
 
 
 @dataclass
@@ -82,9 +66,9 @@ class ZeroEngine(DeepSpeedAccessors):
         else:
             policy = unit_policy  # None (default policy) or a callable(name, module) -> bool
         if isinstance(optimizer, torch.optim.Optimizer):
-            # The client optimizer's own groups (and per-group hyper-parameters) win.
+            # The client optimizer's own groups win; it is the one trained (param_groups.py).
             model_parameters = optimizer.param_groups
-        group_of, group_hparams = _param_groups(model, model_parameters)
+        group_of, group_hparams = param_groups(model, model_parameters)
         self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
                                     world_size=self.world_size,
@@ -128,9 +112,10 @@ class ZeroEngine(DeepSpeedAccessors):
         if client_scheduler is not None:
             if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
                 return client_scheduler(self.optimizer)
-            # A scheduler object built on the client's optimizer: point it at ours (the same
-            # param groups, one flat shard per unit instead of the model's params).
-            if getattr(client_scheduler, "optimizer", None) is not None:
+            # Over the client's optimizer it already drives ours (the same object, or its
+            # groups under the NVMe wrapper). Over another one (e.g. with a config-built
+            # optimizer): point it at ours, lr included.
+            if getattr(client_scheduler, "optimizer", None) not in (None, self.optimizer):
                 client_scheduler.optimizer = self.optimizer
                 if hasattr(client_scheduler, "get_last_lr"):
                     for group, lr in zip(self.optimizer.param_groups,

@@ -3,6 +3,10 @@ clipping), unchanged from what runs on DeepSpeed; records per-micro-batch losses
 weights (accelerator.get_state_dict) in --out.
 
     torchrun --nproc_per_node 2 -m zerolite.as_deepspeed accelerate_mlp.py --out DIR
+
+With --from-launcher the script makes a plain `Accelerator()`: the DeepSpeed config comes from
+`accelerate launch --use_deepspeed --zero_stage 3 --gradient_accumulation_steps 2
+--gradient_clipping 0.5 ...` instead.
 """
 import argparse
 import json
@@ -44,6 +48,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--local_rank", type=int, default=-1)
+    p.add_argument("--from-launcher", dest="from_launcher", action="store_true")
     a = p.parse_args()
     ds_config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": GAS,
                  "gradient_clipping": CLIP,
@@ -53,7 +58,11 @@ def main():
         # Note: Accelerate joins CPU ranks (gloo) only when told to; TrainingArguments(use_cpu)
         # does the same. The Accelerator below then shares this state.
         PartialState(cpu=True)
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config))
+    if a.from_launcher:
+        accelerator = Accelerator()
+        assert accelerator.gradient_accumulation_steps == GAS
+    else:
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config))
     model, optimizer = model_and_optimizer()
     x, y = data(accelerator.num_processes)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
@@ -70,7 +79,12 @@ def main():
     state = accelerator.get_state_dict(model)
     rank = accelerator.process_index
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
+        import deepspeed  # what the launched ranks import
+
         json.dump({"losses": losses, "engine": type(model).__name__,
+                   "deepspeed": deepspeed.__file__, "world": accelerator.num_processes,
+                   "zero": [model.zero_optimization_stage(), model.gradient_accumulation_steps(),
+                            model.gradient_clipping()],
                    "state": {k: v.tolist() for k, v in state.items()} if rank == 0 else None}, f)
 
 

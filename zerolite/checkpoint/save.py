@@ -6,6 +6,8 @@ import logging
 import math
 import os
 import random
+import shutil
+import stat
 import uuid
 
 import torch
@@ -18,6 +20,8 @@ from zerolite.checkpoint.st_io import LazyTensor, fsync_dir, sha256_file, write_
 from zerolite.version import __version__
 
 logger = logging.getLogger("zerolite")
+RECOVERY_SCRIPT = "zero_to_fp32.py"
+"""Written into every save_dir, as DeepSpeed's (zerolite/checkpoint/zero_to_fp32.py)."""
 
 
 # -- what gets saved ----------------------------------------------------------------------
@@ -234,6 +238,7 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
     err = None
     if rank == 0:
         try:
+            _write_recovery_script(os.fspath(save_dir))
             meta = _meta(engine, tag, save_id, layout, optim_meta, client_state, results,
                          exclude_frozen_parameters)
             write_json_atomic(os.path.join(ckpt, META), meta)
@@ -289,6 +294,16 @@ def _meta(engine, tag, save_id, layout, optim_meta, client_state, results, exclu
                              "nbytes": res[2]} for r, res in enumerate(results)],
                   "buffers": results[0][4]},
     }
+
+
+def _write_recovery_script(save_dir: str) -> None:
+    """As DeepSpeed, leave `zero_to_fp32.py` beside `latest` (ours: zero_to_fp32.py here)."""
+    dst = os.path.join(save_dir, RECOVERY_SCRIPT)
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), RECOVERY_SCRIPT),
+                    tmp)
+    os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IEXEC)
+    os.replace(tmp, dst)
 
 
 def _remove_quietly(path: str) -> None:

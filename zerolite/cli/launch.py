@@ -3,10 +3,9 @@
     zerolite --num_procs 2 train.py --deepspeed_config ds.json          # CPU: 2 gloo ranks
     zerolite --num_gpus 8 train.py ...                                  # one node, 8 GPUs
     zerolite --hostfile hosts --include "w0:0,1@w1:0,1" train.py ...    # run on EVERY node
+    zerolite --as-deepspeed accelerate launch --use_deepspeed ... train.py  # a launcher command
 
-Hostfile format (as DeepSpeed): one ``hostname slots=N`` per line; ``#`` starts a comment;
-blank lines are ignored. ``--include`` / ``--exclude`` take ``host[:slot,slot...]`` entries
-joined by ``@`` (``host`` alone = all its slots).
+Hostfile format and ``--include`` / ``--exclude``: zerolite/cli/hostfile.py (as DeepSpeed).
 
 [Note: no ssh] DeepSpeed's launcher logs into every host with pdsh and starts the ranks there.
 zerolite does not: it prints and runs the torchrun command for THIS node only, and the user
@@ -17,13 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+from zerolite.cli.hostfile import LaunchError, filter_pool, parse_hostfile, read_hostfile
+
+__all__ = ["LaunchError", "build_parser", "parse_hostfile", "plan", "main"]
 
 DEFAULT_MASTER_PORT = 29500
 SHUTDOWN_GRACE_S = 15.0
@@ -33,10 +36,6 @@ WATCHDOG_GRACE_S = 3.0
 """After a rank's watchdog reported a failed or hung rank (SIGUSR1 from zerolite.watchdog),
 how long the other ranks get to print their line and exit before what is left is SIGKILLed
 (a SIGSTOPped rank never exits by itself; SIGKILL reaches it)."""
-
-
-class LaunchError(Exception):
-    """A user error in launcher flags or the hostfile: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,99 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                    action="store_true",
                    help="with --as-deepspeed: do not pass --local_rank=N to the script "
                         "(DeepSpeed's launcher passes it by default)")
-    p.add_argument("user_script", help="training script")
+    p.add_argument("--module", action="store_true",
+                   help="run the script as a Python module, as `python -m` (DeepSpeed's flag)")
+    p.add_argument("user_script", help="training script; with --as-deepspeed also a launcher "
+                   "command on PATH (accelerate, torchrun, deepspeed) to run with the alias")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
-
-
-# -- hostfile and resource filters ---------------------------------------------------------
-_HOST_LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\S+)$")
-
-
-def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, int]:
-    """``{hostname: slots}`` in file order; errors name the file and line."""
-    hosts: dict[str, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        where = f"{source}:{lineno}: {raw.strip()!r}"
-        m = _HOST_LINE.match(line)
-        if not m:
-            raise LaunchError(f"{where}: expected 'hostname slots=N'")
-        host, slots = m.group(1), m.group(2)
-        if not slots.isdigit() or int(slots) < 1:
-            raise LaunchError(f"{where}: slots must be a positive integer")
-        if host in hosts:
-            raise LaunchError(f"{where}: host {host!r} is listed twice")
-        hosts[host] = int(slots)
-    if not hosts:
-        raise LaunchError(f"{source}: no 'hostname slots=N' lines found")
-    return hosts
-
-
-def read_hostfile(path: str) -> dict[str, int]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise LaunchError(f"--hostfile {path!r}: cannot read it ({e.strerror})") from None
-    return parse_hostfile(text, path)
-
-
-def parse_filter(spec: str, flag: str, pool: dict[str, list[int]]) -> dict[str, list[int] | None]:
-    """``host[:s,s]@host...`` -> {host: slots or None (= all)}, checked against ``pool``."""
-    out: dict[str, list[int] | None] = {}
-    for entry in spec.split("@"):
-        entry = entry.strip()
-        host, sep, slot_text = entry.partition(":")
-        if not host:
-            raise LaunchError(f"{flag} {spec!r}: empty host name in entry {entry!r}")
-        if host not in pool:
-            raise LaunchError(f"{flag} {spec!r}: host {host!r} is not in the hostfile "
-                              f"(hosts: {', '.join(pool)})")
-        if host in out:
-            raise LaunchError(f"{flag} {spec!r}: host {host!r} appears twice")
-        if not sep:
-            out[host] = None
-            continue
-        slots = []
-        for s in slot_text.split(","):
-            s = s.strip()
-            if not s.isdigit():
-                raise LaunchError(f"{flag} {spec!r}: slot {s!r} of host {host!r} is not a "
-                                  "non-negative integer")
-            if int(s) not in pool[host]:
-                raise LaunchError(f"{flag} {spec!r}: host {host!r} has no slot {s} "
-                                  f"(slots 0-{len(pool[host]) - 1})")
-            if int(s) in slots:
-                raise LaunchError(f"{flag} {spec!r}: slot {s} of host {host!r} appears twice")
-            slots.append(int(s))
-        out[host] = slots
-    return out
-
-
-def filter_pool(pool: dict[str, list[int]], include: str, exclude: str) -> dict[str, list[int]]:
-    if include and exclude:
-        raise LaunchError("--include and --exclude: pass only one of them")
-    if include:
-        inc = parse_filter(include, "--include", pool)
-        return {h: (list(pool[h]) if s is None else sorted(s)) for h, s in inc.items()}
-    if exclude:
-        exc = parse_filter(exclude, "--exclude", pool)
-        out = {}
-        for h, slots in pool.items():
-            if h in exc:
-                if exc[h] is None:
-                    continue
-                slots = [s for s in slots if s not in exc[h]]
-                if not slots:
-                    continue
-            out[h] = list(slots)
-        if not out:
-            raise LaunchError(f"--exclude {exclude!r}: excludes every host and slot")
-        return out
-    return {h: list(s) for h, s in pool.items()}
 
 
 # -- the plan ------------------------------------------------------------------------------
@@ -258,12 +170,14 @@ def plan(args: argparse.Namespace, *, gpus: int | None = None,
         port = args.master_port if args.master_port != -1 else DEFAULT_MASTER_PORT
         cmd += [f"--node-rank={node_rank}", f"--master-addr={addr}", f"--master-port={port}"]
     cmd.append(f"--max-restarts={args.max_restarts}")
+    module = getattr(args, "module", False)
     if getattr(args, "as_deepspeed", False):
         # torchrun -m: each rank runs zerolite.as_deepspeed, which installs the alias first.
         local_rank = [] if args.no_local_rank else ["--pass_local_rank"]
-        cmd += ["-m", "zerolite.as_deepspeed", *local_rank, args.user_script, *args.user_args]
+        target = ["-m", args.user_script] if module else [args.user_script]
+        cmd += ["-m", "zerolite.as_deepspeed", *local_rank, *target, *args.user_args]
     else:
-        cmd += [args.user_script, *args.user_args]
+        cmd += [*(["--module"] if module else []), args.user_script, *args.user_args]
 
     env = {}
     my_slots = active[hosts[node_rank]] if args.hostfile is not None else active["localhost"]
@@ -367,13 +281,47 @@ def run(p: dict) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
+_PROCESS_FLAGS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "num_procs",
+                  "node_rank", "master_addr", "master_port", "max_restarts", "no_local_rank",
+                  "module")
+
+
+def launcher_command(args: argparse.Namespace) -> dict | None:
+    """`zerolite --as-deepspeed COMMAND ARGS`, where COMMAND is a program on PATH and not a
+    script (`accelerate launch ...`, `torchrun ...`): {cmd, env} that runs it once, on this
+    node, with the alias active in it and in every process it starts; None for a script."""
+    from zerolite.compat import alias_env
+
+    if not args.as_deepspeed or args.module or os.path.exists(args.user_script):
+        return None
+    env = alias_env(dict(os.environ))
+    # PATH, then this interpreter's own folder (a venv's commands, activated or not)
+    path = os.pathsep.join([env["PATH"], os.path.dirname(sys.executable)])
+    exe = None if args.user_script.endswith(".py") else shutil.which(args.user_script, path=path)
+    if exe is None:
+        raise LaunchError(f"{args.user_script!r}: no such script, nor a command of that name "
+                          "on PATH")
+    defaults = build_parser().parse_args(["x"])
+    given = [f for f in _PROCESS_FLAGS if getattr(args, f) != getattr(defaults, f)]
+    if given:
+        raise LaunchError(f"--{given[0]}: with --as-deepspeed {args.user_script} ... the "
+                          f"command starts the processes; pass it {args.user_script}'s own "
+                          "flags instead")
+    return {"cmd": [exe, *args.user_args], "env": env}
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        p = plan(args)
+        command = launcher_command(args)
+        p = plan(args) if command is None else None
     except LaunchError as e:
         sys.stderr.write(f"zerolite: error: {e}\n")
         return 2
+    if command is not None:
+        print(f"zerolite: running {args.user_script} with zerolite as deepspeed", flush=True)
+        print(shlex.join(command["cmd"]), flush=True)
+        return 0 if args.dry_run else run(command)
     where = f"node {p['node_rank']} of {p['nnodes']}"
     kind = "GPU" if p["gpus"] > 0 else "CPU (gloo)"
     print(f"zerolite: {where}, {p['nproc']} {kind} process(es) per node", flush=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import sys
 
 DEEPSPEED_API_VERSION = "0.19.8"
 """The DeepSpeed release whose API the forwarders follow (what importlib.metadata reports)."""
@@ -30,16 +31,29 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 MARKER = "zerolite"
 """`importlib.metadata.metadata("deepspeed")["Provides-Alias-Of"]` in the alias."""
 
+BIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin")
+"""DeepSpeed's commands (`deepspeed`) for the alias, put first on PATH with SITE_DIR: launchers
+that build a `deepspeed ...` command line (Accelerate, multi-node) reach zerolite's launcher."""
+
 ENV_FLAG = "ZEROLITE_AS_DEEPSPEED"
 """Set to "1" in processes started as DeepSpeed (read by `zerolite report`)."""
 
+PYTHON_ENV = "ZEROLITE_PYTHON"
+"""The interpreter BIN_DIR's commands run (this one: the alias lives in its environment)."""
+
+
+def _first(value: str, entry: str) -> str:
+    return os.pathsep.join([entry, *(p for p in value.split(os.pathsep) if p and p != entry)])
+
 
 def alias_env(env: dict) -> dict:
-    """`env` with the alias active: SITE_DIR first on PYTHONPATH (once), ENV_FLAG set."""
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
+    """`env` with the alias active: SITE_DIR first on PYTHONPATH and BIN_DIR first on PATH
+    (once each), ENV_FLAG and PYTHON_ENV set."""
     out = dict(env)
-    out["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *parts])
+    out["PYTHONPATH"] = _first(env.get("PYTHONPATH", ""), SITE_DIR)
+    out["PATH"] = _first(env.get("PATH", os.defpath), BIN_DIR)
     out[ENV_FLAG] = "1"
+    out.setdefault(PYTHON_ENV, sys.executable)
     return out
 
 

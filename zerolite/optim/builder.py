@@ -11,6 +11,7 @@ import inspect
 import torch
 
 from zerolite.errors import ZeroliteConfigError
+from zerolite.optim.param_groups import adopt_client_optimizer
 
 
 def _optimizer_class(type_name: str, params: dict):
@@ -41,16 +42,18 @@ def _accepted_kwargs(cls, params: dict) -> dict:
 
 def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimizer,
                     master_groups: list[dict]) -> torch.optim.Optimizer | None:
-    """Optimizer over `master_groups` ([{"params": [fp32 shards], **group hparams}, ...]).
+    """Optimizer over `master_groups` ([{"params": [fp32 shards], **group hparams}, ...], one
+    per param group the user passed, in order).
 
     `client_optimizer` may be a torch.optim.Optimizer built over the model's parameters (it is
-    rebuilt over the shards with the same class and hyper-parameters), a callable taking the
-    param groups, or None (then `opt_type`/`opt_params` from the config are used).
+    trained itself, its groups re-pointed at the shards: see param_groups.py), a callable
+    taking the param groups, or None (then `opt_type`/`opt_params` from the config are used).
     """
+    if isinstance(client_optimizer, torch.optim.Optimizer):
+        return adopt_client_optimizer(client_optimizer, [g["params"] for g in master_groups])
+    # Groups with nothing to train on this rank are left out of an optimizer built here.
+    master_groups = [g for g in master_groups if g["params"]]
     if client_optimizer is not None:
-        if isinstance(client_optimizer, torch.optim.Optimizer):
-            cls = type(client_optimizer)
-            return cls(master_groups, **_accepted_kwargs(cls, client_optimizer.defaults))
         if callable(client_optimizer):
             opt = client_optimizer(master_groups)
             if not isinstance(opt, torch.optim.Optimizer):
@@ -81,7 +84,7 @@ def _host_fused_adam(cls, params: dict, master_groups: list[dict]) -> bool:
     The fused update is not bitwise the for-loop's: it differs by at most 2.4e-7 in a parameter
     after 10 steps (|param| <= 5), so references built on plain torch AdamW compare with a
     tolerance (tests/test_host_adam.py measures the difference).
-    Client optimizers are rebuilt as the user made them (plain torch users get torch's default).
+    Client optimizers are trained as the user made them (plain torch users get torch's default).
     """
     if cls not in (torch.optim.Adam, torch.optim.AdamW) or params.get("torch_adam", False):
         return False

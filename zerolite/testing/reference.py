@@ -31,12 +31,17 @@ def rank_micro_batches(batch, rank: int, world_size: int, gas: int):
             for i in range(gas)]
 
 
-def train_reference(model, batches, make_optimizer, clip: float = 0.0):
+def train_reference(model, batches, make_optimizer, clip: float = 0.0, make_scheduler=None,
+                    scheduler_steps: int = 1, params=None):
     """Plain PyTorch on the whole global batch; float64-norm clipping like the engine.
 
+    `params` (default: model.parameters()) is what `make_optimizer` gets, e.g. param-group
+    dicts; `make_scheduler(optimizer)` builds an LR scheduler stepped `scheduler_steps` times
+    after each optimizer step (Accelerate steps one num_processes times).
     Returns (per-step losses, final fp32 state dict).
     """
-    opt = make_optimizer(model.parameters())
+    opt = make_optimizer(model.parameters() if params is None else params)
+    sched = make_scheduler(opt) if make_scheduler is not None else None
     device = next(model.parameters()).device
     losses = []
     for x, y in batches:
@@ -46,6 +51,8 @@ def train_reference(model, batches, make_optimizer, clip: float = 0.0):
             clip_grads_([p.grad for p in model.parameters()], clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        for _ in range(scheduler_steps if sched is not None else 0):
+            sched.step()
         losses.append(loss.item())
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 

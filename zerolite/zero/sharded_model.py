@@ -166,12 +166,11 @@ class ShardedModel:
         return [f for u in self.units for f in u.flats]
 
     def master_groups(self, group_hparams: list[dict]) -> list[dict]:
-        groups = []
-        for gi, hparams in enumerate(group_hparams):
-            masters = [f.master for f in self.flats if f.group_index == gi and f.master is not None]
-            if masters:
-                groups.append({**hparams, "params": masters})
-        return groups
+        """One group per entry of `group_hparams`, with this rank's fp32 masters of that group
+        (empty where the group has nothing to train)."""
+        return [{**hparams, "params": [f.master for f in self.flats
+                                       if f.group_index == gi and f.master is not None]}
+                for gi, hparams in enumerate(group_hparams)]
 
     def gathered_nbytes(self) -> int:
         return self.residency.live_nbytes()

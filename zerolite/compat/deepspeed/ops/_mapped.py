@@ -1,8 +1,9 @@
 """DeepSpeed optimizer classes mapped onto torch / zerolite optimizers.
 
-[Note: subclasses, not fused kernels] The engine rebuilds a client optimizer over the flat
-fp32 shards with the same class and `defaults` (zerolite/optim/builder.py), so each class is a
-torch optimizer subclass whose constructor takes DeepSpeed's arguments and records the
+[Note: subclasses, not fused kernels] The engine steps a client optimizer itself over the flat
+fp32 shards (zerolite/optim/param_groups.py), and the NVMe offload builds an inner one of the
+same class from its `defaults` (offload/chunked_optimizer.py), so each class is a torch
+optimizer subclass whose constructor takes DeepSpeed's arguments and records the
 DeepSpeed-only ones in `defaults`. The update is the element-wise one DeepSpeed's kernels
 compute; `fp32_optimizer_states` is always true (masters are fp32).
 """

@@ -21,6 +21,10 @@ class _AliasLoader(importlib.abc.Loader):
     def exec_module(self, module):
         pass  # already executed under its zerolite name
 
+    def get_code(self, fullname):
+        # `python -m deepspeed.launcher.runner`: runpy runs the target's code as __main__.
+        return importlib.util.find_spec(self.target).loader.get_code(self.target)
+
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):

@@ -1,0 +1,102 @@
+"""DeepSpeed's `zero_to_fp32.py` for zerolite checkpoints: the full fp32 model from the per-rank
+shards. `engine.save_checkpoint(save_dir)` copies this file into `save_dir` (beside `latest`
+and the tag folders), as DeepSpeed does with its own, so the documented command works there:
+
+    cd save_dir && python zero_to_fp32.py . output_dir [--safe_serialization]
+        [--max_shard_size 5GB] [-t TAG] [--exclude_frozen_parameters]
+
+Output: `pytorch_model.bin`, or with --safe_serialization `model.safetensors` (HF-style shards
+and an index past --max_shard_size). The functions are also `deepspeed.utils.zero_to_fp32`'s
+under the alias. The copy runs where zerolite is installed (it reads the shards with it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+try:
+    import torch
+
+    from zerolite.checkpoint.consolidate import _open, consolidate_checkpoint, get_fp32_state_dict
+    from zerolite.checkpoint.errors import ZeroliteCheckpointError
+except ImportError as e:  # the copy in a checkpoint folder, run without zerolite
+    sys.exit(f"zero_to_fp32.py: {e}. This checkpoint was written by zerolite: run the script "
+             "in an environment where zerolite is installed")
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
+                                             exclude_frozen_parameters: bool = False,
+                                             lazy_mode: bool = False) -> dict:
+    """The fp32 state dict (tensors on CPU); `checkpoint_dir` holds `latest` and the tag
+    folders. Frozen parameters (as the layout records them) are left out when asked."""
+    sd = get_fp32_state_dict(checkpoint_dir, tag)
+    if exclude_frozen_parameters:
+        files = _open(checkpoint_dir, tag)
+        try:
+            frozen = {n for flat in files.meta["layout"] if not flat["requires_grad"]
+                      for p in flat["params"] for n in p["names"]}
+        finally:
+            files.close()
+        sd = {k: v for k, v in sd.items() if k not in frozen}
+    return sd
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
+                                               safe_serialization: bool = False, tag=None,
+                                               exclude_frozen_parameters: bool = False) -> list:
+    """Write the fp32 model into `output_dir`: `model.safetensors` (sharded past
+    `max_shard_size`) with `safe_serialization`, else `pytorch_model.bin` as DeepSpeed.
+    Returns the file names written."""
+    if safe_serialization and not exclude_frozen_parameters:
+        return consolidate_checkpoint(checkpoint_dir, output_dir, tag=tag, dtype="fp32",
+                                      max_shard_size=max_shard_size)
+    sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
+    os.makedirs(output_dir, exist_ok=True)
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous().clone() for k, v in sd.items()},
+                  os.path.join(output_dir, "model.safetensors"), metadata={"format": "pt"})
+        return ["model.safetensors"]
+    torch.save(sd, os.path.join(output_dir, "pytorch_model.bin"))
+    return ["pytorch_model.bin"]
+
+
+def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
+    """Load the consolidated fp32 weights into a plain (unsharded) `model`; returns it."""
+    sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    model = model.cpu()
+    model.load_state_dict(sd, strict=False)
+    return model
+
+
+def main(argv=None) -> int:
+    """DeepSpeed's command line for the script (same positional arguments and flags)."""
+    p = argparse.ArgumentParser(prog="zero_to_fp32.py", description="Consolidate a zerolite "
+                                "checkpoint into one fp32 model file (DeepSpeed's script)")
+    p.add_argument("checkpoint_dir", help="the folder holding `latest` and the tag folders, "
+                   "e.g. path/checkpoint-12 (`.` when run from there)")
+    p.add_argument("output_dir", help="where the fp32 model files go")
+    p.add_argument("--max_shard_size", default="5GB",
+                   help="largest safetensors shard (with --safe_serialization), e.g. 5GB")
+    p.add_argument("--safe_serialization", action="store_true",
+                   help="write model.safetensors instead of pytorch_model.bin")
+    p.add_argument("-t", "--tag", default=None, help="tag folder to read (default: `latest`)")
+    p.add_argument("--exclude_frozen_parameters", action="store_true")
+    p.add_argument("-d", "--debug", action="store_true", help="accepted; no effect")
+    args = p.parse_args(argv)
+    try:
+        written = convert_zero_checkpoint_to_fp32_state_dict(
+            args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
+            safe_serialization=args.safe_serialization, tag=args.tag,
+            exclude_frozen_parameters=args.exclude_frozen_parameters)
+    except (ZeroliteCheckpointError, OSError) as e:
+        sys.stderr.write(f"zero_to_fp32.py: error: {e}\n")
+        return 1
+    print(f"zero_to_fp32.py: wrote {', '.join(written)} to {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
