@@ -78,13 +78,25 @@ def test_trl_sft_zero3_matches_single_process(init, tmp_path):
     assert ref["before"] is None
 
 
+@pytest.fixture(scope="module")
+def grpo_ddp(init, tmp_path_factory):
+    out = tmp_path_factory.mktemp("grpo_ddp")
+    _run(["grpo", "--init", str(init), "--steps", "4", "--per_device", "2", "--out", str(out)],
+         out, ranks=2)
+    return _results(out, 2)
+
+
 @pytest.mark.slow
-def test_trl_grpo_zero3_generates_and_matches_ddp(init, tmp_path):
-    common = ["grpo", "--init", str(init), "--steps", "4", "--per_device", "2"]
-    _run([*common, "--out", str(tmp_path / "ddp")], tmp_path, ranks=2)
-    _run([*common, "--out", str(tmp_path / "ds"), "--deepspeed", CONFIG], tmp_path, ranks=2,
-         alias=True)
-    ddp, ds = _results(tmp_path / "ddp", 2), _results(tmp_path / "ds", 2)
+@pytest.mark.parametrize("gather", [True, False], ids=["gathered", "through_hooks"])
+def test_trl_grpo_zero3_generates_and_matches_ddp(init, grpo_ddp, tmp_path, gather):
+    """gathered: TRL's default (ds3_gather_for_generation=True): gather all, drop the hooks,
+    generate, re-add them. through_hooks: generation runs through zerolite's hooks, unit by
+    unit within the prefetch and live budgets."""
+    args = ["grpo", "--init", str(init), "--steps", "4", "--per_device", "2",
+            "--out", str(tmp_path / "ds"), "--deepspeed", CONFIG]
+    args += [] if gather else ["--no-gather"]
+    _run(args, tmp_path, ranks=2, alias=True)
+    ddp, ds = grpo_ddp, _results(tmp_path / "ds", 2)
     assert ddp[0]["after_generation"] == [None] * 4  # DDP: no ZeRO-3 params
     for rank in ds:
         for key in ("loss", "reward", "reward_std", "completions/mean_length"):
@@ -92,10 +104,11 @@ def test_trl_grpo_zero3_generates_and_matches_ddp(init, tmp_path):
                                        atol=1e-6, msg=key)
         assert torch.isfinite(_series(rank, "loss")).all()
         assert len(_series(rank, "reward")) == 4
-        # After every generation: partitioned again, hooks back, the trace to be re-recorded.
+        # After every generation: partitioned again, hooks in place; after TRL's round trip
+        # the trace is to be re-recorded.
         assert rank["after_generation"] == [{"status": ["NOT_AVAILABLE"], "numel": 0,
                                              "hooks": [2 * UNITS, 2 * UNITS],
-                                             "trace_invalid": True}] * 4
+                                             "trace_invalid": gather}] * 4
         # Each step after a generation gathers again in its training forward and backward
         # (more than the generation's own gather of every unit).
         assert all(g > UNITS for g in rank["gathers"]) and len(rank["gathers"]) == 4

@@ -5,7 +5,7 @@ between DeepSpeed ZeRO-3 and plain PyTorch (no hub downloads: `--make-init DIR` 
     torchrun --nproc_per_node 2 -m zerolite.as_deepspeed trl_tiny.py sft --init DIR --out DIR \
         --deepspeed ds_config.json --per_device 2             # zerolite as DeepSpeed
     python trl_tiny.py sft --init DIR --out DIR --per_device 4  # the reference (1 process)
-    ... trl_tiny.py grpo ...                                  # GRPO, generating every step
+    ... trl_tiny.py grpo [--no-gather] ...                    # GRPO, generating every step
 
 Writes --out/result_rank<N>.json: the Trainer's log history, plus what the ZeRO-3 engine says
 about its parameters after each generation and the unit gathers of each step (GRPO), and
@@ -125,7 +125,8 @@ def run_grpo(a):
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(**common_args(a), num_generations=2, max_completion_length=6,
-                      beta=0.0, temperature=1.0, log_completions=False)
+                      beta=0.0, temperature=1.0, log_completions=False,
+                      ds3_gather_for_generation=not a.no_gather)
     model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(a.init)
     prompts = [t[:3] for t in texts(a.steps * 4 * a.gas, seed=2)]
@@ -160,6 +161,8 @@ def main():
     p.add_argument("--per_device", type=int, default=4)
     p.add_argument("--gas", type=int, default=1)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--no-gather", action="store_true",
+                   help="GRPO: ds3_gather_for_generation=False (generate through the hooks)")
     p.add_argument("--local_rank", type=int, default=-1)
     a = p.parse_args()
     if a.make_init:
