@@ -89,6 +89,7 @@ class ZeroEngine(DeepSpeedAccessors):
                                                     self.sharded.flats)
         self.param_swap = attach_param_offload(self.sharded, zc, self.rank, self.optimizer,
                                                config.precision_dtype)
+        self.sharded.parameter_offload.attach_to(self.optimizer)  # optimizer.parameter_offload
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         if self.optimizer is not None:
             self.optimizer.overflow = False

@@ -101,7 +101,7 @@ class GatheredParameters:
                 release_partitioned(p, self.modifier_rank if exc_type is None else None)
             for sharded, unit, was_gathered in self._units:
                 if not was_gathered:
-                    sharded.residency.release(unit)
+                    sharded.release_gathered(unit)
         return False
 
     @torch.no_grad()

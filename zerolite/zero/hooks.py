@@ -1,11 +1,17 @@
 """Module and autograd hooks that drive units through forward and backward.
 
-forward pre-hook   -> gather the unit (wait for a prefetch if one is in flight)
-forward post-hook  -> stage 3: release it again (not during a recompute in backward);
-                      register a "pre-backward" hook on its outputs (re-gather before its
-                      backward) and a "post-backward" hook on its inputs (backward done)
-param grad hook    -> move the grad into the unit's flat grad buffer; when every param of
-                      the flat has reported, reduce-scatter it (asynchronously)
+Per unit, four module hooks (install_unit_hooks; module_hooks.py owns their handles):
+  forward pre-hook   -> gather the unit (wait for a prefetch if one is in flight)
+  forward post-hook  -> stage 3: release it again (not during a recompute in backward)
+  "backward" hooks   -> armed in forward: a "pre-backward" hook on the unit's outputs
+                        (re-gather before its backward) and a "post-backward" hook on its
+                        inputs (its backward is done)
+Per parameter (install_grad_hooks; the sharded model owns them):
+  grad arrival hook  -> before autograd accumulates it: make sure the unit is gathered (a
+                        param used outside its unit's forward, e.g. read at the root level
+                        inside GatheredParameters, gets its grad while released)
+  param grad hook    -> move the grad into the unit's flat grad buffer; when every param of
+                        the flat has reported, reduce-scatter it (asynchronously)
 """
 from __future__ import annotations
 
@@ -38,6 +44,8 @@ class UnitEvents(Protocol):
 
     def after_unit_backward(self, unit: Unit) -> None: ...
 
+    def before_param_grad(self, unit: Unit) -> None: ...
+
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None: ...
 
 
@@ -45,23 +53,42 @@ def _grad_tensors(obj) -> list[torch.Tensor]:
     return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def install_hooks(model: UnitEvents) -> list:
+def install_grad_hooks(model: UnitEvents) -> list:
+    """The per-parameter gradient hooks of every unit (owned by the sharded model, as
+    DeepSpeed's optimizer owns its reduce hooks)."""
     handles = []
     for unit in model.units:
-        handles.append(unit.module.register_forward_pre_hook(
-            _make_pre_forward(model, unit), with_kwargs=True))
-        handles.append(unit.module.register_forward_hook(
-            _make_post_forward(model, unit), with_kwargs=True))
         for flat in unit.trainable_flats:
             for i, p in enumerate(flat.params):
+                handles.append(p.register_hook(_make_grad_arrival(model, unit)))
                 handles.append(p.register_post_accumulate_grad_hook(
                     _make_grad_hook(model, unit, flat, i)))
     return handles
 
 
+def install_unit_hooks(model: UnitEvents, unit: Unit) -> tuple[list, list]:
+    """One unit's module hooks, split as DeepSpeed splits them: (forward hooks: gather before
+    the forward, release after it; backward hooks: arm the re-gather before the unit's
+    backward and the release after it). Registered in this order: forward pre-hook, the
+    backward pre-hook, the backward post-hook, the forward post-hook."""
+    module = unit.module
+    fwd_pre = module.register_forward_pre_hook(_make_pre_forward(model, unit))
+    bwd_pre = module.register_forward_pre_hook(_make_arm_post_backward(model, unit),
+                                               with_kwargs=True)
+    bwd_post = module.register_forward_hook(_make_arm_pre_backward(model, unit))
+    fwd_post = module.register_forward_hook(_make_post_forward(model, unit))
+    return [fwd_pre, fwd_post], [bwd_pre, bwd_post]
+
+
 def _make_pre_forward(model: UnitEvents, unit: Unit):
-    def hook(module, args, kwargs):
+    def hook(module, args):
         model.before_unit_forward(unit)
+
+    return hook
+
+
+def _make_arm_post_backward(model: UnitEvents, unit: Unit):
+    def hook(module, args, kwargs):
         inputs = _grad_tensors((args, kwargs))
         # Not during a recompute inside backward (activation checkpointing): those inputs'
         # grads may never be computed, and the unit is released by its original hooks.
@@ -73,13 +100,29 @@ def _make_pre_forward(model: UnitEvents, unit: Unit):
     return hook
 
 
-def _make_post_forward(model: UnitEvents, unit: Unit):
-    def hook(module, args, kwargs, output):
+def _make_arm_pre_backward(model: UnitEvents, unit: Unit):
+    def hook(module, args, output):
         outputs = _grad_tensors(output)
         if outputs and torch.is_grad_enabled() and not model.in_backward:
             register_multi_grad_hook(outputs, lambda grads: model.before_unit_backward(unit),
                                      mode="any")
-        model.after_unit_forward(unit, needs_backward=bool(outputs) and torch.is_grad_enabled())
+        return None
+
+    return hook
+
+
+def _make_post_forward(model: UnitEvents, unit: Unit):
+    def hook(module, args, output):
+        needs_backward = torch.is_grad_enabled() and bool(_grad_tensors(output))
+        model.after_unit_forward(unit, needs_backward=needs_backward)
+        return None
+
+    return hook
+
+
+def _make_grad_arrival(model: UnitEvents, unit: Unit):
+    def hook(grad):
+        model.before_param_grad(unit)
         return None
 
     return hook

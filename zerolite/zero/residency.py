@@ -123,6 +123,13 @@ class Residency:
                 return False
         return False
 
+    def settle_inflight(self) -> None:
+        """Wait for every gather still in flight (prefetches) and release those units."""
+        for unit in self.units:
+            if unit.state is UnitState.GATHERING:
+                unit.wait_gathered()
+                self.release(unit)
+
     def release_all(self) -> None:
         for unit in self.units:
             self.release(unit)

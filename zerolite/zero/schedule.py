@@ -106,6 +106,16 @@ class PrefetchScheduler:
             phase.current = []
             phase.diverged = False
 
+    @property
+    def phases(self) -> tuple[_Phase, _Phase, _Phase]:
+        return self.forward, self.backward, self.inference
+
+    def forget(self) -> None:
+        """Drop every recorded order and the one being recorded: the next forward and
+        backward gather on demand and record afresh (DeepSpeed's trace invalidation)."""
+        for phase in self.phases:
+            phase.record, phase.current, phase.diverged = [], [], False
+
     def end_inference(self) -> None:
         """A forward without autograd ended: roll its own record, not the training one."""
         phase = self.inference

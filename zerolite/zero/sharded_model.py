@@ -21,7 +21,8 @@ from zerolite.comm.reducers import GradReducer, ParamGatherer
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.buffer_pool import BufferPool
 from zerolite.zero.flat_param import FlatParam
-from zerolite.zero.hooks import install_hooks
+from zerolite.zero.hooks import install_grad_hooks
+from zerolite.zero.module_hooks import ParameterOffload
 from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
 from zerolite.zero.grad_reduction import GradReduction
 from zerolite.zero.residency import Residency
@@ -127,7 +128,9 @@ class ShardedModel:
                                        stats=self.stats)
         self.param_swap = None
         """offload_param nvme (zerolite.offload.param_swap), attached by the engine."""
-        self._hook_handles = install_hooks(self)
+        self.parameter_offload = ParameterOffload(self, module, self.residency)
+        """The units' module hooks and the trace, under DeepSpeed's names (module_hooks.py)."""
+        self._grad_hook_handles = install_grad_hooks(self)
         self.host_transfers = None
         """offload 'cpu': the host <-> device copies (offload/host_placement.py), or None."""
         self._tag_params()
@@ -178,14 +181,22 @@ class ShardedModel:
     # -- saved tensors ------------------------------------------------------------------
     @contextmanager
     def forward_context(self):
-        """Run a forward with the saved-view hooks (the engine's forward does), so autograd
-        never pins a pooled buffer (saved_views.py)."""
-        with self.saved_views.context():
+        """Run a forward with the saved-view hooks around each unit's forward (the engine's
+        forward does), so autograd never pins a pooled buffer (saved_views.py)."""
+        with self.saved_views.forward():
             self._views_active = True
             try:
                 yield
             finally:
                 self._views_active = False
+
+    def release_gathered(self, unit: Unit) -> None:
+        """Release a unit that GatheredParameters gathered. If root-level code of a forward
+        may have saved views of it for backward (saved_views.py), its buffer is not reused
+        until backward ends."""
+        if torch.is_grad_enabled() and self.saved_views.unprotected():
+            self.pool.reuse_blocked = True
+        self.residency.release(unit)
 
     def _regather_for_backward(self, flat: FlatParam) -> None:
         self.residency.ensure_gathered(self._unit_of[id(flat)], None)
@@ -197,9 +208,12 @@ class ShardedModel:
             # The module was called directly, not through the engine: autograd may keep
             # views into pooled buffers until backward, so none is reused until then.
             self.pool.reuse_blocked = True
+        unit.active_modules.add(unit.index)
         if self.in_backward:  # a recompute (activation checkpointing) inside backward
             self.residency.ensure_gathered(unit, None)
             return
+        if not unit.is_root:
+            self.saved_views.enter_unit()
         sched = self.residency.scheduler
         phase = sched.forward if torch.is_grad_enabled() else sched.inference
         self.residency.ensure_gathered(unit, phase)
@@ -208,6 +222,9 @@ class ShardedModel:
     def after_unit_forward(self, unit: Unit, needs_backward: bool) -> None:
         if self.in_backward:
             return  # a recompute inside backward: its backward is about to need the params
+        if not unit.is_root:
+            self.saved_views.leave_unit()
+        unit.active_modules.discard(unit.index)
         self.stats.event("compute", f"forward {unit.name}", unit.forward_start, self.stats.now())
         if unit.is_root:
             if needs_backward:  # the loss is next: start gathering what backward needs first
@@ -223,6 +240,7 @@ class ShardedModel:
 
     def before_unit_backward(self, unit: Unit) -> None:
         self.in_backward = True
+        unit.active_modules.add(unit.index)
         self.reduction.poll()
         self.residency.ensure_gathered(unit, self.residency.scheduler.backward)
         unit.backward_start = self.stats.now()
@@ -238,6 +256,13 @@ class ShardedModel:
         """Gradients of this backward stay in the full buffers (reduced later)."""
         return self.defer_reduce or (self.reduce_once_per_step and not self.at_boundary)
 
+    def before_param_grad(self, unit: Unit) -> None:
+        """Autograd accumulates a grad into a param of the shape it has now: a unit whose
+        param was used outside the unit's forward (no pre-backward hook gathered it) is
+        gathered here; its release follows the grads' reduction as usual."""
+        if unit.state is UnitState.SHARDED:
+            self.residency.ensure_gathered(unit, None)
+
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None:
         self.in_backward = True
         if flat.take_param_grad(index):
@@ -250,6 +275,7 @@ class ShardedModel:
     def _maybe_release_after_backward(self, unit: Unit) -> None:
         if (not unit.is_root and unit.pending_input_grads <= 0
                 and unit.reduced_flats == len(unit.trainable_flats)):
+            unit.active_modules.discard(unit.index)
             self.residency.release(unit)
 
     def finish_backward(self) -> None:
@@ -260,6 +286,7 @@ class ShardedModel:
         for unit in self.units:
             unit.pending_input_grads = 0
             unit.reduced_flats = 0
+            unit.active_modules.clear()
         self.residency.release_all()
         for flat in self.flats:
             flat.grads_ready = 0

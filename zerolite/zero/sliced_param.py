@@ -1,9 +1,9 @@
 """Per-parameter slices for `zero.Init`: split, gather and release ONE parameter.
 
 A partitioned parameter carries `p.zl_partitioned` (PartitionInfo) and DeepSpeed's
-`p.ds_shape`, `p.ds_numel`, `p.ds_id` and `p.ds_tensor` (the local slice): this rank's
-contiguous slice of the flattened value, `ceil(numel / world)` elements, zero padded on the
-last rank (the split of shard_math.py).
+`p.ds_shape`, `p.ds_numel`, `p.ds_id`, `p.ds_status` (param_status.py) and `p.ds_tensor`
+(the local slice): this rank's contiguous slice of the flattened value, `ceil(numel / world)`
+elements, zero padded on the last rank (the split of shard_math.py).
 
 [Note: full-shaped placeholder, not the 1-D slice] DeepSpeed swaps `p.data` for an empty
 tensor, so `p.shape` lies and every consumer must read `ds_shape`. We keep the slice in
@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.errors import ZeroliteConfigError
+from zerolite.zero.param_status import ZeroParamStatus
 from zerolite.zero.shard_math import rank_range, shard_numel
 
 
@@ -103,6 +104,7 @@ def partition_param(p: nn.Parameter, dtype: torch.dtype | None = None,
     p.data = _placeholder(local, info.shape)
     p.zl_partitioned = info
     p.ds_shape, p.ds_numel, p.ds_tensor = info.shape, info.numel, local
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
     if not hasattr(p, "ds_id"):
         p.ds_id = ds_id
     return local.numel() * local.element_size()
@@ -116,6 +118,7 @@ def gather_partitioned(p: nn.Parameter) -> None:
     if info.gathered == 1:
         full = _all_gather_slices(info.local, info.world)[:info.numel]
         p.data = full.view(info.shape)
+        p.ds_status = ZeroParamStatus.AVAILABLE
 
 
 @torch.no_grad()
@@ -135,6 +138,7 @@ def release_partitioned(p: nn.Parameter, modifier_rank: int | None) -> None:
     info.gathered -= 1
     if info.gathered == 0:
         p.data = _placeholder(info.local, info.shape)
+        p.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 
 def copy_full_value(p: torch.Tensor, dest: torch.Tensor) -> None:

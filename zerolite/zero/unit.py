@@ -13,12 +13,18 @@ import torch.nn as nn
 from zerolite.comm.last_collective import RECORD as LAST
 from zerolite.errors import ZeroliteStateError
 from zerolite.zero.flat_param import FlatParam
+from zerolite.zero.param_status import ZeroParamStatus, mark
 
 
 class UnitState(enum.Enum):
     SHARDED = "sharded"
     GATHERING = "gathering"
     GATHERED = "gathered"
+
+
+_DS_STATUS = {UnitState.SHARDED: ZeroParamStatus.NOT_AVAILABLE,
+              UnitState.GATHERING: ZeroParamStatus.INFLIGHT,
+              UnitState.GATHERED: ZeroParamStatus.AVAILABLE}
 
 
 class Unit:
@@ -31,6 +37,12 @@ class Unit:
         self.numel = sum(f.padded_numel for f in flats)
         """Elements of the full (padded) parameters: what gathering this unit costs."""
         self.full_nbytes = sum(f.padded_numel * f.full.element_size() for f in flats)
+        self.active_modules: set[int] = set()
+        """DeepSpeed's `param.ds_active_sub_modules` (the same set object on every param of
+        the unit): this unit's index while its forward or backward is running."""
+        for flat in flats:
+            for p in flat.params:
+                p.ds_active_sub_modules = self.active_modules
         self.state = UnitState.SHARDED
         self.swap = None
         """offload_param's ParamSwap: brings the shards into RAM around each gather."""
@@ -47,6 +59,17 @@ class Unit:
     def is_root(self) -> bool:
         return self.index == 0
 
+    @property
+    def state(self) -> UnitState:
+        return self._state
+
+    @state.setter
+    def state(self, value: UnitState) -> None:
+        """Every transition also writes the params' `ds_status` (param_status.py)."""
+        self._state = value
+        status = _DS_STATUS[value]
+        for flat in self.flats:
+            mark(flat.params, status)
 
     def _expect(self, *states: UnitState) -> None:
         if self.state not in states:

@@ -2,6 +2,7 @@
 from zerolite.zero import (  # noqa: F401
     GatheredParameters, Init, register_external_parameter, unregister_external_parameter,
 )
+from zerolite.zero.param_status import ZeroParamStatus  # noqa: F401
 from zerolite.zero.sliced_param import is_partitioned as _is_partitioned
 
 
@@ -11,4 +12,4 @@ def is_zero_param(param) -> bool:
 
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter",
-           "unregister_external_parameter", "is_zero_param"]
+           "unregister_external_parameter", "is_zero_param", "ZeroParamStatus"]

@@ -1,9 +1,11 @@
-"""`deepspeed.runtime.zero.partition_parameters`: Init, GatheredParameters and the hooks
-Transformers patches around `zero.Init`."""
+"""`deepspeed.runtime.zero.partition_parameters`: Init, GatheredParameters, ZeroParamStatus (the
+values of `param.ds_status`, which TRL checks) and the hooks Transformers patches around
+`zero.Init`."""
 import torch
 
 from zerolite.compat.deepspeed.accelerator import get_accelerator  # noqa: F401
 from zerolite.zero import GatheredParameters, Init  # noqa: F401
+from zerolite.zero.param_status import ZeroParamStatus  # noqa: F401
 
 _orig_torch_arange = torch.arange
 _orig_torch_empty = torch.empty
@@ -20,5 +22,5 @@ def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_devi
     return fn
 
 
-__all__ = ["Init", "GatheredParameters", "zero_wrapper_for_fp_tensor_constructor",
-           "get_accelerator"]
+__all__ = ["Init", "GatheredParameters", "ZeroParamStatus",
+           "zero_wrapper_for_fp_tensor_constructor", "get_accelerator"]

@@ -1,0 +1,270 @@
+"""DeepSpeed's ZeRO-3 parameter surface as TRL uses it (trl/models/utils.py, trl/trainer/utils.py):
+`param.ds_status` / ZeroParamStatus, `engine.optimizer.parameter_offload` with its hook lists,
+`param.ds_active_sub_modules`, the coordinator's trace calls and `_register_deepspeed_module`,
+and a custom autograd Function that saves a parameter and reads its `ds_status` in backward
+(TRL's chunked loss). World 2, gloo; losses against a plain single-process run."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import zerolite
+from zerolite.errors import ZeroliteConfigError, ZeroliteStateError
+from zerolite.models import GPT, GPTConfig
+from zerolite.testing.multiprocess import run_ranks
+from zerolite.testing.reference import train_engine, train_reference
+from zerolite.zero import GatheredParameters, Init
+from zerolite.zero.param_status import ZeroParamStatus
+
+from gpt_cases import CLIP, adamw, batches, ds_config, reference_run, tiny_gpt
+
+AVAILABLE, NOT_AVAILABLE, INFLIGHT = (ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE,
+                                      ZeroParamStatus.INFLIGHT)
+
+
+def _statuses(params):
+    return sorted({p.ds_status.name for p in params})
+
+
+def _generate_like_trl(engine, x):
+    """TRL's _unwrap_model_for_generation + remove_hooks / add_hooks, step by step; returns
+    what it saw."""
+    offload = engine.optimizer.parameter_offload
+    coordinator = offload.param_coordinator
+    model = offload.module
+    seen = {}
+    with GatheredParameters(engine.parameters()):
+        gathers = engine.sharded.stats.current.gathers
+        seen["inside"] = _statuses(model.parameters())
+        seen["external"] = list(model.ds_external_parameters())
+        for p in model.parameters():
+            p.ds_active_sub_modules.clear()
+        for hook in offload.forward_hooks:
+            hook.remove()
+        for hook in offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        seen["module_hooks_left"] = sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
+                                        for m in model.modules())
+        with torch.no_grad():
+            seen["logits"] = model(x)
+        seen["gathers_while_unhooked"] = engine.sharded.stats.current.gathers - gathers
+        if not coordinator.is_invalid_trace():
+            coordinator._invalidate_trace()
+        seen["invalid_after_invalidate"] = coordinator.is_invalid_trace()
+        offload._register_deepspeed_module(offload.module)
+    seen["after"] = _statuses(model.parameters())
+    seen["numel_after"] = sum(p.numel() for p in model.parameters())
+    seen["hooks_after"] = (len(offload.forward_hooks), len(offload.backward_hooks))
+    return seen
+
+
+def _trl_generation_round_trip(rank, world):
+    model = tiny_gpt()
+    engine, *_ = zerolite.initialize(model=model, config=ds_config(world, stage=3))
+    offload = engine.optimizer.parameter_offload
+    coordinator = offload.param_coordinator
+    out = {"offload_module_is_model": offload.module is model,
+           "invalid_at_start": coordinator.is_invalid_trace(),
+           "hooks": (len(offload.forward_hooks), len(offload.backward_hooks))}
+    probe = {}
+
+    def look(module, args):  # runs after zerolite's pre-hook: block 0 is gathered
+        probe["block0"] = _statuses(model.blocks[0].parameters())
+        probe["block1"] = _statuses(model.blocks[1].parameters())
+        probe["active"] = set(model.blocks[0].fc.weight.ds_active_sub_modules)
+
+    handle = model.blocks[0].register_forward_pre_hook(look)
+    losses = train_engine(engine, batches(2), rank, world)
+    handle.remove()
+    out.update(probe=probe, complete=coordinator.is_complete_trace(),
+               active_after=set(model.blocks[0].fc.weight.ds_active_sub_modules),
+               outside=_statuses(model.parameters()))
+    out["generation"] = _generate_like_trl(engine, batches(1)[0][0][:2])
+    out["invalid_after_generation"] = coordinator.is_invalid_trace()
+    losses += train_engine(engine, batches(4)[2:], rank, world)
+    out["complete_again"] = coordinator.is_complete_trace()
+    out["prefetched_last_step"] = engine.last_step_stats.prefetched
+
+    # Registering again hooks nothing twice; removed hooks are really gone (the params are
+    # placeholders without them), and registering brings the gathers back.
+    offload._register_deepspeed_module(model)
+    out["block0_hooks"] = (len(model.blocks[0]._forward_pre_hooks),
+                           len(model.blocks[0]._forward_hooks))
+    offload._remove_module_hooks()
+    x = batches(1)[0][0][:2]
+    with torch.no_grad():
+        try:
+            model(x)
+            out["unhooked_forward"] = "ran"
+        except RuntimeError as e:
+            out["unhooked_forward"] = type(e).__name__
+        offload._register_deepspeed_module(model)
+        out["rehooked_logits"] = model(x)
+    coordinator._invalidate_trace()  # the forward above recorded an order: valid
+    errors = {}
+    for name, call in {"already_invalid": coordinator._invalidate_trace,
+                       "foreign": lambda: offload._register_deepspeed_module(nn.Linear(2, 2)),
+                       "inside_unit": lambda: offload._register_deepspeed_module(
+                           model.blocks[0].fc),
+                       "not_a_module": lambda: offload._register_deepspeed_module("model")}.items():
+        try:
+            call()
+            errors[name] = None
+        except (ZeroliteStateError, ZeroliteConfigError) as e:
+            errors[name] = (type(e).__name__, str(e))
+    out["errors"] = errors
+
+    stage2, *_ = zerolite.initialize(model=tiny_gpt(), config=ds_config(world, stage=2))
+    out["stage2_has_offload"] = hasattr(stage2.optimizer, "parameter_offload")
+    return losses, out
+
+
+def _plain_logits(steps, x):
+    _, state = reference_run(steps)
+    model = tiny_gpt()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        return model(x)
+
+
+def test_trl_generation_round_trip_keeps_training_exact():
+    ref_losses, _ = reference_run(4)
+    losses, out = run_ranks(_trl_generation_round_trip, 2)[0]
+    # Training through the round trip is the plain run's (gathers happen again after it).
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    assert out["offload_module_is_model"] and out["invalid_at_start"]
+    assert out["hooks"] == (6, 6)  # 3 units (root, 2 blocks) x (gather/release, arm backward)
+    # ds_status in block 0's forward of a step with a recorded order: block 1 is prefetched.
+    assert out["probe"] == {"block0": ["AVAILABLE"], "block1": ["INFLIGHT"], "active": {1}}
+    assert out["complete"] and out["active_after"] == set() and out["outside"] == ["NOT_AVAILABLE"]
+
+    gen = out["generation"]
+    assert gen["inside"] == ["AVAILABLE"] and gen["external"] == []
+    assert gen["module_hooks_left"] == 0 and gen["gathers_while_unhooked"] == 0
+    x = batches(1)[0][0][:2]
+    torch.testing.assert_close(gen["logits"], _plain_logits(2, x), rtol=1e-5, atol=1e-5)
+    assert gen["invalid_after_invalidate"]
+    assert gen["after"] == ["NOT_AVAILABLE"] and gen["numel_after"] == 0
+    assert gen["hooks_after"] == (6, 6)
+    assert out["invalid_after_generation"]  # the next step records afresh ...
+    assert out["complete_again"] and out["prefetched_last_step"] > 0  # ... and prefetches again
+
+    assert out["block0_hooks"] == (2, 2)  # not hooked twice
+    assert out["unhooked_forward"] == "RuntimeError"
+    torch.testing.assert_close(out["rehooked_logits"], _plain_logits(4, x), rtol=1e-5, atol=1e-5)
+    errors = out["errors"]
+    assert errors["already_invalid"][0] == "ZeroliteStateError"
+    assert "not part of the model" in errors["foreign"][1]
+    assert "inside a unit" in errors["inside_unit"][1]
+    assert "expected the engine's module" in errors["not_a_module"][1]
+    assert out["stage2_has_offload"] is False  # as DeepSpeed's stage-1/2 optimizer
+
+
+# -- a custom autograd Function that saves a parameter (TRL's chunked loss) -------------------
+class _HeadLoss(torch.autograd.Function):
+    """Cross-entropy of hidden @ weight.T; backward reads the saved weight as TRL's does: gather
+    it first unless `ds_status` says it is AVAILABLE."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets):
+        ctx.save_for_backward(hidden, weight, targets)
+        return F.cross_entropy(hidden @ weight.t(), targets)
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, targets = ctx.saved_tensors
+        status = getattr(weight, "ds_status", AVAILABLE)  # a plain model: no attribute
+        statuses = getattr(_HeadLoss, "statuses", None)
+        if statuses is not None:
+            statuses.append(status.name)
+        gather = [weight] if status != AVAILABLE else []
+        with torch.enable_grad(), GatheredParameters(gather):
+            h = hidden.detach().requires_grad_()
+            w = weight.detach().requires_grad_()
+            loss = F.cross_entropy(h @ w.t(), targets)
+            gh, gw = torch.autograd.grad(loss, (h, w))
+        return gh * grad, gw * grad, None
+
+
+class Head(nn.Linear):
+    pass
+
+
+class FusedLossGPT(GPT):
+    """The tiny GPT with an untied head whose loss is a custom Function reading the weight."""
+
+    def __init__(self):
+        super().__init__(GPTConfig(vocab_size=256, seq_len=16, n_layer=2, n_head=2, d_model=32,
+                                   tie_embeddings=False))
+        head = Head(32, 256, bias=False)
+        head.weight.data.copy_(self.lm_head.weight.data)
+        self.lm_head = head
+
+    def forward(self, idx, targets):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        hidden = self.ln_f(x).reshape(-1, x.shape[-1])
+        w = self.lm_head.weight
+        # TRL's maybe_gather_lm_head_ctx: gather unless already AVAILABLE
+        gather = [w] if hasattr(w, "ds_status") and w.ds_status != ZeroParamStatus.AVAILABLE \
+            else []
+        with GatheredParameters(gather):
+            return _HeadLoss.apply(hidden, w, targets.reshape(-1))
+
+
+def _fused_model():
+    torch.manual_seed(0)
+    return FusedLossGPT()
+
+
+def _fused_loss_runs(rank, world):
+    out = {}
+    for name, policy in {"head_in_root": None, "head_own_unit": ["Block", "Head"]}.items():
+        _HeadLoss.statuses = []
+        engine, *_ = zerolite.initialize(model=_fused_model(), unit_policy=policy,
+                                         config=ds_config(world, stage=3))
+        losses = train_engine(engine, batches(3), rank, world)
+        x, y = batches(1)[0]
+        loss = engine(x[:2], y[:2])
+        blocked = engine.sharded.pool.reuse_blocked  # between forward and backward
+        engine.backward(loss)
+        out[name] = (losses, sorted(set(_HeadLoss.statuses)), blocked)
+    _HeadLoss.statuses = None
+    with Init():  # zero.Init params carry ds_status too
+        lin = nn.Linear(4, 4)
+    out["init"] = [lin.weight.ds_status.name]
+    with GatheredParameters(lin.weight):
+        out["init"].append(lin.weight.ds_status.name)
+    out["init"].append(lin.weight.ds_status.name)
+    return out
+
+
+def test_custom_function_saving_a_param_reads_ds_status_in_backward():
+    ref_losses, _ = train_reference(copy.deepcopy(_fused_model()), batches(3), adamw, clip=CLIP)
+    out = run_ranks(_fused_loss_runs, 2)[0]
+    # Head in the root unit: gathered through backward, the Parameter itself comes back.
+    losses, statuses, blocked = out["head_in_root"]
+    assert statuses == ["AVAILABLE"] and not blocked
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    # Head as a unit of its own, read outside its forward: released after the gather in
+    # forward, NOT_AVAILABLE in backward, gathered there by the Function (as under DeepSpeed).
+    # Its buffer may be viewed by what the root level saved: not reused until backward ends.
+    losses, statuses, blocked = out["head_own_unit"]
+    assert statuses == ["NOT_AVAILABLE"] and blocked
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    assert out["init"] == ["NOT_AVAILABLE", "AVAILABLE", "NOT_AVAILABLE"]
+
+
+@pytest.mark.parametrize("name", ["ZeroParamStatus"])
+def test_compat_exports_zero_param_status(name):
+    from zerolite.compat.deepspeed import zero
+    from zerolite.compat.deepspeed.runtime.zero import partition_parameters
+
+    assert getattr(partition_parameters, name) is ZeroParamStatus
+    assert getattr(zero, name) is ZeroParamStatus
+    assert [s.value for s in ZeroParamStatus] == [1, 2, 3]  # DeepSpeed's values
