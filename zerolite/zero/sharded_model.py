@@ -273,6 +273,13 @@ class ShardedModel:
         if self.defer_reduce:
             self.reduction.drain(self.units)
 
+    def reduce_pending_grads(self) -> None:
+        """Reduce now every gradient still waiting in a full buffer (stage 1, or
+        reduce_once_per_step between boundaries) and wait for host copies: the tensor-fragment
+        API reads the reduced shards. Later micro-steps are added to them, as at the step."""
+        self.reduction.drain(self.units)
+        self.settle_host_copies()
+
     def settle_host_copies(self) -> None:
         """offload 'cpu': block until every host <-> device copy issued so far is done."""
         if self.host_transfers is not None:

@@ -1,8 +1,16 @@
-"""`deepspeed.utils`: the logger, log_dist, groups, set_z3_leaf_modules, zero_to_fp32."""
+"""`deepspeed.utils`: the logger, log_dist, groups, set_z3_leaf_modules, zero_to_fp32 and the
+tensor-fragment API (safe_get_full_fp32_param, ...)."""
 from __future__ import annotations
 
-from zerolite.compat.deepspeed.utils import groups, logging, zero_to_fp32  # noqa: F401
+from zerolite.compat.deepspeed.utils import groups, logging, tensor_fragment, zero_to_fp32  # noqa: F401
 from zerolite.compat.deepspeed.utils.logging import log_dist, logger  # noqa: F401
+from zerolite.compat.deepspeed.utils.tensor_fragment import (  # noqa: F401
+    safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,
+    safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state,
+    safe_set_full_fp32_param, safe_set_full_grad, safe_set_full_optimizer_state,
+    safe_set_local_fp32_param, safe_set_local_grad, safe_set_local_optimizer_state,
+    safe_update_full_grad_vectorized,
+)
 
 
 def set_z3_leaf_modules(model, leaf_module_classes):
@@ -39,4 +47,5 @@ def z3_leaf_module(module) -> bool:
 
 
 __all__ = ["logger", "log_dist", "logging", "groups", "zero_to_fp32", "set_z3_leaf_modules",
-           "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module"]
+           "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module", "tensor_fragment",
+           *tensor_fragment.__all__]
