@@ -314,7 +314,8 @@ def test_missing_file(tmp_path):
 
 
 def test_invalid_json_reports_line_and_column(tmp_path):
-    p = _write(tmp_path, '{\n  "train_batch_size": 8,\n  "fp16": {enabled: true}\n}')
+    # invalid as JSON and as Hjson (which DeepSpeed also reads: unquoted keys are fine there)
+    p = _write(tmp_path, '{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true]\n}')
     with pytest.raises(ZeroliteConfigError) as ei:
         load_config(p, 1)
     msg = str(ei.value)

@@ -11,6 +11,7 @@ from zerolite.compat.deepspeed._initialize import initialize
 from zerolite.compat.deepspeed._refused import (
     DeepSpeedFeatureNotSupported, refused_class, refused_function,
 )
+from zerolite.compat.deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 from zerolite.engine import ZeroEngine as DeepSpeedEngine
 
 __version__ = DEEPSPEED_API_VERSION
@@ -32,7 +33,8 @@ InferenceEngine = refused_class("deepspeed.InferenceEngine", "DeepSpeed-Inferenc
 add_tuning_arguments = refused_function("deepspeed.add_tuning_arguments", "the autotuner")
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "checkpointing",
-           "DeepSpeedEngine", "DeepSpeedFeatureNotSupported", "init_inference", "tp_model_init",
+           "DeepSpeedEngine", "DeepSpeedFeatureNotSupported", "DeepSpeedConfig",
+           "DeepSpeedConfigError", "init_inference", "tp_model_init",
            "PipelineModule", "__version__", *_SUBMODULES]
 
 
