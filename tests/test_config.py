@@ -113,8 +113,8 @@ def test_optimizer_defaults_and_canonical_names():
 def test_scheduler_types_load_with_defaults(sched):
     s = load_quiet(with_(scheduler=sched)).scheduler
     assert s.type.lower() == sched["type"].lower()
-    if s.type == "WarmupLR":
-        assert s.params == {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 1000,
+    if s.type == "WarmupLR":  # warmup_max_lr None: each param group's own lr (DeepSpeed's code)
+        assert s.params == {"warmup_min_lr": 0.0, "warmup_max_lr": None, "warmup_num_steps": 1000,
                             "warmup_type": "log", "last_batch_iteration": -1}
 
 
