@@ -280,6 +280,12 @@ class ShardedModel:
         self.reduction.drain(self.units)
         self.settle_host_copies()
 
+    def empty_cache(self) -> None:
+        """Release every gathered unit that may be released (persistent ones stay) and drop the
+        pool's free buffers: the memory DeepSpeed's empty_partition_cache() returns."""
+        self.residency.release_all()
+        self.pool.clear()
+
     def settle_host_copies(self) -> None:
         """offload 'cpu': block until every host <-> device copy issued so far is done."""
         if self.host_transfers is not None:
