@@ -11,6 +11,7 @@ from zerolite.compat.deepspeed._initialize import initialize
 from zerolite.compat.deepspeed._refused import (
     DeepSpeedFeatureNotSupported, refused_class, refused_function,
 )
+from zerolite.compat.deepspeed.git_version_info import git_branch, git_hash, version  # noqa: F401
 from zerolite.compat.deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 from zerolite.engine import ZeroEngine as DeepSpeedEngine
 
@@ -22,7 +23,8 @@ __zerolite_version__ = zerolite.__version__
 
 # Importable names, loaded when first used (as in DeepSpeed, `deepspeed.comm` works after
 # `import deepspeed` alone).
-_SUBMODULES = ("zero", "accelerator", "comm", "ops", "utils", "runtime", "checkpoint", "moe", "pipe")
+_SUBMODULES = ("zero", "accelerator", "comm", "ops", "utils", "runtime", "checkpoint", "moe", "pipe",
+               "git_version_info")
 
 init_inference = refused_function("deepspeed.init_inference",
                                   "DeepSpeed-Inference kernels and tensor-parallel inference")
