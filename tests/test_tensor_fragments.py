@@ -236,3 +236,32 @@ def test_fragment_none_cases_and_errors(stage):
         torch.testing.assert_close(r["full_grad"], torch.ones(7, 5), rtol=0, atol=0)
     grad = torch.cat([results[r]["local_grad"] for r in range(WORLD)])
     assert grad[35:].abs().sum() == 0  # the padding of rank 1's partition
+
+
+def _bf16(rank, world, stage):
+    from zerolite.zero import GatheredParameters
+    from zerolite.zero.sharded_model import gather_full_state_dict
+
+    model = net()
+    cfg = {**config(stage), "bf16": {"enabled": True}}
+    engine, *_ = zerolite.initialize(model=model, config=cfg)
+    batch = data()[0]
+    for i in range(GAS):
+        engine.backward(engine(*(t.bfloat16() for t in micro(batch, rank, i))))
+        engine.step()
+    w = model.blocks[0].weight
+    masters = gather_full_state_dict(engine.sharded)
+    got = du.safe_get_full_fp32_param(w)
+    value = torch.linspace(-1, 1, 35).view(7, 5) + 1e-3  # not representable in bf16
+    du.safe_set_full_fp32_param(w, value)
+    with GatheredParameters([w]):
+        seen = w.detach().clone()
+    return got, masters["blocks.0.weight"], du.safe_get_full_fp32_param(w), value, seen
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_reads_and_writes_the_fp32_master(stage):
+    for got, master, after, value, seen in run_ranks(_bf16, WORLD, stage):
+        assert got.dtype == torch.float32 and torch.equal(got, master)
+        assert torch.equal(after, value)  # the fp32 master keeps every bit
+        assert seen.dtype == torch.bfloat16 and torch.equal(seen, value.bfloat16())
