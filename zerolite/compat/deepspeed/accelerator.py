@@ -127,6 +127,9 @@ class ZeroliteAccelerator:
         return f"ZeroliteAccelerator({self._name!r})"
 
 
+DeepSpeedAccelerator = ZeroliteAccelerator
+"""DeepSpeed's accelerator base class: `isinstance(get_accelerator(), DeepSpeedAccelerator)`."""
+
 _ACCELERATOR: ZeroliteAccelerator | None = None
 
 SUPPORTED_ACCELERATOR_LIST = ["cuda", "cpu", "xpu", "npu", "mps", "hpu", "mlu", "sdaa", "supa",
