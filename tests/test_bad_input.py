@@ -25,9 +25,12 @@ def test_missing_config_file(tmp_path):
 
 def test_invalid_json_names_file_and_line(tmp_path):
     path = tmp_path / "broken.json"
-    path.write_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 3,}\n}\n')
+    # invalid as JSON and as Hjson (a trailing comma is fine in Hjson, which is read when the
+    # hjson package is installed, as DeepSpeed reads configs)
+    path.write_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 3]\n}\n')
     with pytest.raises(ZeroliteConfigError, match=r"broken\.json.*line 3"):
         _init(str(path))
+    assert not dist.is_initialized()
 
 
 def test_batch_triple_that_does_not_multiply_out(monkeypatch):

@@ -275,7 +275,7 @@ def test_check_config_bad_config_exits_2(tmp_path, capsys, cfg, needle):
 
 
 def test_check_config_bad_json_and_bad_model(tmp_path, capsys):
-    path = write(tmp_path, "ds.json", '{"train_batch_size": 8,}')
+    path = write(tmp_path, "ds.json", '{"train_batch_size": [8}')  # invalid as JSON and Hjson
     r = cli("check-config", path, "--world-size", 2)
     assert r.returncode == 2 and "invalid JSON" in r.stderr and "line 1" in r.stderr
     good = os.path.join(ROOT, "configs", "zero3_cpu.json")

@@ -18,6 +18,7 @@ from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.comm.last_collective import RECORD as LAST, set_phase
 from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.engine_accessors import DeepSpeedAccessors
+from zerolite.fragments import TensorFragments
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
 from zerolite.offload import attach_param_offload, wrap_optimizer_for_offload
@@ -90,6 +91,7 @@ class ZeroEngine(DeepSpeedAccessors):
         self.param_swap = attach_param_offload(self.sharded, zc, self.rank, self.optimizer,
                                                config.precision_dtype)
         self.sharded.parameter_offload.attach_to(self.optimizer)  # optimizer.parameter_offload
+        self.fragments = TensorFragments(self.sharded, self.optimizer)  # deepspeed.utils.safe_*
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         if self.optimizer is not None:
             self.optimizer.overflow = False

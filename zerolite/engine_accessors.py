@@ -171,6 +171,19 @@ class DeepSpeedAccessors:
         return consolidated_16bit_state_dict(self, exclude_frozen_parameters)
 
     # -- lifecycle ----------------------------------------------------------------------
+    def empty_partition_cache(self) -> None:
+        """Free the full-size buffers held between uses: gathered units that can be released
+        and the buffer pool's spare buffers (they come back on the next use). Between steps,
+        not inside a forward or backward."""
+        import gc
+
+        import torch
+
+        self.sharded.empty_cache()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def destroy(self) -> None:
         """Accelerate's free_memory calls this. zerolite's engine holds no process groups or
         background threads of its own; its buffers go with the engine object."""

@@ -26,6 +26,10 @@ def guess_hidden_size(model: nn.Module) -> int | None:
     return None
 
 
+class MissingModelError(ZeroliteConfigError, AssertionError):
+    """initialize() without a model (DeepSpeed asserts, so this is an AssertionError too)."""
+
+
 def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
                dist_init_required: bool | None = None, collate_fn=None, config=None,
@@ -37,8 +41,9 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
     exists (torchrun's env vars; gloo on CPU, nccl on CUDA). Returns
     `(engine, optimizer, training_dataloader, lr_scheduler)`.
     """
-    if model is None:
-        raise ZeroliteConfigError("initialize(model=...): a torch.nn.Module is required")
+    if model is None:  # before joining any process group, as DeepSpeed's assert
+        raise MissingModelError("deepspeed.initialize requires a model: initialize(model=...) "
+                                "needs the torch.nn.Module to train")
     if not isinstance(model, nn.Module):
         raise ZeroliteConfigError(f"initialize(model=...): expected a torch.nn.Module, got "
                                   f"{type(model).__name__}")

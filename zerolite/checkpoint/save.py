@@ -14,6 +14,7 @@ import torch
 
 from zerolite.checkpoint import _dist
 from zerolite.checkpoint.errors import ZeroliteCheckpointError
+from zerolite.checkpoint.tags import agreed_tag
 from zerolite.checkpoint.format import (FORMAT, LATEST, META, buffers_file_name, check_tag,
                                         dtype_name, flat_key, rank_file_name)
 from zerolite.checkpoint.st_io import LazyTensor, fsync_dir, sha256_file, write_file
@@ -188,6 +189,8 @@ def write_json_atomic(path: str, obj, *, text: str | None = None) -> None:
 def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_latest=True,
                     exclude_frozen_parameters=False):
     """Collective. Returns True. Raises (on every rank together) if any rank fails."""
+    if not save_dir:  # "" or None: DeepSpeed's check (it would write into the cwd)
+        raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
     rank, world = engine.rank, engine.world_size
     client_state = {} if client_state is None else client_state
     tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
@@ -203,9 +206,7 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
         if err is not None:
             raise (TypeError if is_type else ZeroliteCheckpointError)(
                 err if r == rank else f"rank {r}: {err}")
-    if len({v[2] for v in votes}) > 1:
-        raise ZeroliteCheckpointError(f"save_checkpoint: ranks passed different tags "
-                                      f"{sorted({v[2] for v in votes})}")
+    tag = agreed_tag([v[2] for v in votes], rank, engine._config.checkpoint_tag_validation)
     save_id = votes[0][3]
     ckpt = os.path.join(os.fspath(save_dir), tag)
     layout = engine_layout(engine, exclude_frozen_parameters)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import copy
 import json
 import os
@@ -81,6 +83,9 @@ class ZeroConfig:
     """DeepSpeed activation checkpointing options (accepted, not acted on)."""
     zerolite: ZeroliteExtrasConfig = field(default_factory=ZeroliteExtrasConfig)
     """zerolite's own options (top-level "zerolite" block)."""
+    checkpoint_tag_validation: str = "WARN"
+    """checkpoint.tag_validation: "WARN", "IGNORE" or "FAIL" when ranks save under different
+    tags (checkpoint/save.py)."""
     csv_monitor: dict | None = None
     """{enabled, output_path, job_name} or None."""
     tensorboard: dict | None = None
@@ -119,7 +124,8 @@ class ZeroConfig:
     def to_dict(self) -> dict:
         """The resolved config (defaults filled, "auto" resolved) as JSON-able DeepSpeed keys."""
         out = to_jsonable({k: getattr(self, k) for k in self.__dataclass_fields__
-                           if k not in ("raw", "world_size")})
+                           if k not in ("raw", "world_size", "checkpoint_tag_validation")})
+        out["checkpoint"] = {"tag_validation": self.checkpoint_tag_validation}
         return out
 
     @classmethod
@@ -175,10 +181,22 @@ class ZeroConfig:
             activation_checkpointing=ActivationCheckpointingConfig.from_dict(
                 raw.get("activation_checkpointing"), ctx),
             zerolite=ZeroliteExtrasConfig.from_dict(raw.get("zerolite"), ctx),
+            checkpoint_tag_validation=_tag_validation(raw.get("checkpoint")),
             csv_monitor=parse_monitor("csv_monitor", raw.get("csv_monitor"), ctx),
             tensorboard=parse_monitor("tensorboard", raw.get("tensorboard"), ctx),
             raw=raw,
         )
+
+
+TAG_VALIDATION_MODES = ("WARN", "IGNORE", "FAIL")
+
+
+def _tag_validation(block: Any) -> str:
+    """checkpoint.tag_validation, any case (DeepSpeed upper-cases it); default "WARN"."""
+    mode = check_object("checkpoint", block or {}).get("tag_validation", "WARN")
+    if not isinstance(mode, str) or mode.upper() not in TAG_VALIDATION_MODES:
+        fail("checkpoint.tag_validation", mode, "one of 'Warn', 'Ignore', 'Fail'")
+    return mode.upper()
 
 
 def _zero_section(v: Any, ctx: ParseContext) -> ZeroOptimizationConfig:
@@ -208,17 +226,62 @@ def read_json(path: str | os.PathLike) -> dict:
         raise ZeroliteConfigError(f"config: file not found: {p!r} (cwd {os.getcwd()!r})") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise ZeroliteConfigError(f"config: cannot read {p!r}: {e}") from None
-    try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as e:
-        raise ZeroliteConfigError(
-            f"config: invalid JSON in {p!r} at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except ZeroliteConfigError as e:
-        raise ZeroliteConfigError(f"{e} [config file {p!r}]") from None
+    data = _parse_text(text, repr(p))
     if not isinstance(data, dict):
         raise ZeroliteConfigError(
             f"config: top level of {p!r} is {show(data)}; expected a JSON object {{...}}")
     return data
+
+
+def _parse_text(text: str, where: str) -> Any:
+    """JSON, or Hjson where the hjson package is importable (DeepSpeed reads every config
+    file with hjson: comments, unquoted keys and trailing commas are accepted there)."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as e:
+        error = e
+    except ZeroliteConfigError as e:
+        raise ZeroliteConfigError(f"{e} [config file {where}]") from None
+    try:
+        import hjson
+    except ImportError:
+        raise ZeroliteConfigError(
+            f"config: invalid JSON in {where} at line {error.lineno} column {error.colno}: "
+            f"{error.msg} (DeepSpeed also reads Hjson; `pip install hjson` to read it here)"
+        ) from None
+    try:
+        return hjson.loads(text, object_pairs_hook=_no_duplicates)
+    except hjson.HjsonDecodeError as e:
+        raise ZeroliteConfigError(f"config: invalid JSON/Hjson in {where} at line {e.lineno} "
+                                  f"column {e.colno}: {e.msg}") from None
+
+
+def _from_base64(text: str) -> dict | None:
+    """A config passed as URL-safe base64 of its JSON (DeepSpeed accepts that in place of a
+    path), or None when `text` is not one."""
+    try:
+        decoded = base64.urlsafe_b64decode(text.encode("ascii")).decode("utf-8")
+    except (binascii.Error, UnicodeError, ValueError):
+        return None
+    if not decoded.lstrip().startswith("{"):
+        return None
+    data = _parse_text(decoded, "(base64 config)")
+    return data if isinstance(data, dict) else None
+
+
+def read_config_source(source: Any) -> dict:
+    """The raw config dict from what a program passes: a dict, a path to a JSON/Hjson file,
+    or a base64-encoded JSON string."""
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path) and isinstance(path, str):
+            data = _from_base64(path)
+            if data is not None:
+                return data
+        return read_json(path)
+    fail("config", source, "a path to a JSON file or a dict")
 
 
 def _pick_source(config: Any, args: Any) -> Any:
@@ -245,7 +308,7 @@ def load_config(config: Any, world_size: int, *, hidden_size: int | None = None,
     source = _pick_source(config, args)
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        raw = read_json(path)
+        raw = read_config_source(path)
         try:
             return ZeroConfig.from_dict(raw, world_size, hidden_size=hidden_size)
         except ZeroliteConfigError as e:

@@ -40,7 +40,9 @@ _WARMUP = {"warmup_min_lr": (0.0, "lr_groups"), "warmup_max_lr": (1e-3, "lr_grou
            "last_batch_iteration": (-1, "int>=-1")}
 
 SCHEDULER_PARAMS: dict[str, dict[str, tuple]] = {
-    "WarmupLR": _WARMUP,
+    # Note: WarmupLR without warmup_max_lr warms each group up to its own lr (DeepSpeed's code;
+    # its docs say 0.001, which WarmupDecayLR keeps).
+    "WarmupLR": {**_WARMUP, "warmup_max_lr": (None, "lr_groups?")},
     "WarmupDecayLR": {**_WARMUP, "total_num_steps": (REQUIRED, "int>0")},
     "WarmupCosineLR": {"total_num_steps": (REQUIRED, "int>0"), "warmup_min_ratio": (0.0, "ratio"),
                        "warmup_num_steps": (1000, "int>0"), "cos_min_ratio": (0.0001, "ratio"),
@@ -86,6 +88,8 @@ def _check_param(path: str, kind: str, v: Any) -> Any:
         return check_int(path, v, gt=0, none_ok=kind.startswith("int?"))
     if kind == "warmup_type":
         return check_str(path, v, choices=("log", "linear"))
+    if kind == "lr_groups?":  # None: each param group's own lr
+        return None if v is None else _check_param(path, "lr_groups", v)
     if kind in ("lr_groups", "ratio_groups"):
         one = "lr" if kind == "lr_groups" else "ratio"
         if isinstance(v, (list, tuple)):

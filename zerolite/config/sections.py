@@ -11,6 +11,7 @@ from ._util import (
     ParseContext, Section, check_bool, check_float, check_int, check_object, check_str, fail,
     fail_msg, join, logger,
 )
+from .zero_blocks import DEFAULT_LEAF_MODULE_CLASSES, parse_leaf_module, parse_offload  # noqa: F401
 
 
 def deepspeed_only(default: Any):
@@ -91,42 +92,6 @@ class Bf16Config(Section):
 
     def __post_init__(self):
         self.enabled = check_bool(f"{self._PATH}.enabled", self.enabled)
-
-
-_OFFLOAD_COMMON = {"device": "none", "nvme_path": None, "pin_memory": False}
-_OFFLOAD_DEFAULTS = {
-    "offload_param": {**_OFFLOAD_COMMON, "buffer_count": 5, "buffer_size": 100_000_000,
-                      "max_in_cpu": 1_000_000_000},
-    "offload_optimizer": {**_OFFLOAD_COMMON, "buffer_count": 4, "pipeline_read": False,
-                          "pipeline_write": False, "fast_init": False, "ratio": 1.0},
-}
-
-
-def _parse_offload(path: str, name: str, v: Any) -> dict | None:
-    """Validate an offload block; device "none" (or null) means no offload -> None."""
-    if v is None:
-        return None
-    check_object(path, v)
-    out = dict(_OFFLOAD_DEFAULTS[name])
-    for key, value in v.items():
-        kp = join(path, key)
-        if key == "device":
-            value = check_str(kp, value.lower() if isinstance(value, str) else value,
-                              choices=("none", "cpu", "nvme"))
-        elif key == "nvme_path":
-            value = check_str(kp, value, none_ok=True)
-        elif key in ("pin_memory", "pipeline_read", "pipeline_write", "fast_init", "pipeline"):
-            value = check_bool(kp, value)
-        elif key in ("buffer_count", "buffer_size", "max_in_cpu"):
-            value = check_int(kp, value, ge=0)
-        elif key == "ratio":
-            value = check_float(kp, value, gt=0, le=1)
-        out[key] = value
-    if out["device"] == "none":
-        return None
-    if out["device"] == "nvme" and not out["nvme_path"]:
-        fail(join(path, "nvme_path"), out["nvme_path"], "a directory path when device is 'nvme'")
-    return out
 
 
 @dataclass
@@ -224,6 +189,9 @@ class ZeroOptimizationConfig(Section):
     """Stage 3: fetch small modules as one unit."""
     use_all_reduce_for_fetch_params: bool = deepspeed_only(False)
     """Stage 3: fetch parameters with all-reduce."""
+    leaf_module: dict | None = None
+    """Modules the engine marks as ZeRO-3 leaves ({classes, names, name_suffixes}; classes
+    default to DeepSpeed's MoE blocks): zerolite/zero/leaf_modules.py."""
 
     @classmethod
     def _preprocess(cls, d, ctx):
@@ -253,7 +221,7 @@ class ZeroOptimizationConfig(Section):
         p = self._PATH
         self.stage = check_int(f"{p}.stage", self.stage, ge=0, le=3)
         for name, value in list(vars(self).items()):
-            if name in ("stage", "offload_param", "offload_optimizer"):
+            if name in ("stage", "offload_param", "offload_optimizer", "leaf_module"):
                 continue
             if name == "overlap_comm":
                 value = check_bool(f"{p}.overlap_comm", value, none_ok=True)
@@ -268,8 +236,9 @@ class ZeroOptimizationConfig(Section):
                 setattr(self, name, check_int(f"{p}.{name}", value, gt=0))
             else:
                 setattr(self, name, check_int(f"{p}.{name}", value, ge=0))
-        self.offload_param = _parse_offload(f"{p}.offload_param", "offload_param", self.offload_param)
-        self.offload_optimizer = _parse_offload(f"{p}.offload_optimizer", "offload_optimizer",
+        self.leaf_module = parse_leaf_module(f"{p}.leaf_module", self.leaf_module)
+        self.offload_param = parse_offload(f"{p}.offload_param", "offload_param", self.offload_param)
+        self.offload_optimizer = parse_offload(f"{p}.offload_optimizer", "offload_optimizer",
                                                 self.offload_optimizer)
         if self.offload_param and self.stage != 3:
             fail_msg(f"{p}.offload_param.device", f"{self.offload_param['device']!r} needs "

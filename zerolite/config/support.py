@@ -36,7 +36,7 @@ _HONOURED_TOP = (
     "scheduler.params", "fp16", "bf16", "bfloat16", "bf16.enabled", "gradient_clipping",
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "communication_data_type",
     "prescale_gradients", "gradient_predivide_factor", "zero_optimization", "zerolite",
-    "csv_monitor", "tensorboard",
+    "csv_monitor", "tensorboard", "checkpoint.tag_validation",
 )
 # Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
 # by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size.

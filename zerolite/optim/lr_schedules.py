@@ -21,7 +21,7 @@ batch ``i`` (0-based) trains with the lr computed for iteration ``i - 1``.
 checkpoints interchange; loading it does not touch the optimizer until the next ``step()``.
 
 Note: where DeepSpeed's documentation and code disagree we follow the code:
-  * ``WarmupLR``'s ``warmup_max_lr`` defaults to the optimizer's first group lr (docs: 0.001);
+  * ``WarmupLR``'s ``warmup_max_lr`` defaults to each param group's own lr (docs: 0.001);
     ``WarmupDecayLR`` keeps 0.001.
   * ``warmup_num_steps`` is raised to at least 2 (``log(1)`` would divide by zero).
   * Linear warmup is ``it / warmup_num_steps`` (it reaches max_lr at ``it == warmup_num_steps``),

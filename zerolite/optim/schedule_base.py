@@ -16,6 +16,11 @@ from zerolite.config.optim import check_last_batch_iteration, check_scheduler_pa
 from zerolite.errors import ZeroliteConfigError, ZeroliteStateError
 
 
+class NoLrYetError(ZeroliteStateError, AssertionError):
+    """get_last_lr() before any lr was applied (DeepSpeed asserts; this is an AssertionError
+    too)."""
+
+
 def _checked(type_name: str, **given: Any) -> Dict[str, Any]:
     """`given` (keyword arguments of a schedule) checked by the config's rules; None means
     "not given" (a default the schedule resolves itself, or a missing required value)."""
@@ -77,7 +82,7 @@ class _Schedule:
     def get_last_lr(self) -> List[float]:
         """The lrs last written into the optimizer groups by this schedule."""
         if self._last_lr is None:
-            raise ZeroliteStateError(
+            raise NoLrYetError(
                 f"{type(self).__name__}.get_last_lr(): no lr has been applied yet; call step() first "
                 "(a schedule built with last_batch_iteration != -1 applies nothing until step())")
         return list(self._last_lr)

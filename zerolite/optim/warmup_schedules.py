@@ -30,8 +30,8 @@ class WarmupLR(_Schedule):
     def _setup(self, optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type,
                last_batch_iteration):
         super()._setup(optimizer, last_batch_iteration)
-        if warmup_max_lr is None:
-            warmup_max_lr = _group_lr(self.optimizer.param_groups[0])
+        if warmup_max_lr is None:  # each group warms up to its own lr (DeepSpeed 0.19)
+            warmup_max_lr = [_group_lr(group) for group in self.optimizer.param_groups]
         self.min_lrs = _per_group("warmup_min_lr", warmup_min_lr, self._num_groups)
         self.max_lrs = _per_group("warmup_max_lr", warmup_max_lr, self._num_groups)
         self.delta_lrs = [hi - lo for lo, hi in zip(self.min_lrs, self.max_lrs)]

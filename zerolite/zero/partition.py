@@ -1,7 +1,8 @@
 """Decide which modules become units and which parameters each unit owns.
 
 Default policy: each child of an nn.ModuleList / nn.Sequential becomes a unit (outermost
-containers only); everything else belongs to the root unit. A parameter reached from more
+containers only); everything else belongs to the root unit. Under any policy, a ZeRO-3 leaf
+module (leaf_modules.py) met on the way down is a unit and is not looked into. A parameter reached from more
 than one unit (a tied weight) belongs to the root unit, the lowest common ancestor here.
 """
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch.nn as nn
+
+from zerolite.zero.leaf_modules import z3_leaf_module
 
 UnitPolicy = Callable[[str, nn.Module], bool]
 
@@ -24,7 +27,7 @@ def _default_unit_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
     def walk(prefix: str, module: nn.Module):
         for child_name, child in module.named_children():
             name = f"{prefix}{child_name}"
-            if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            if isinstance(module, (nn.ModuleList, nn.Sequential)) or z3_leaf_module(child):
                 found.append((name, child))
             else:
                 walk(name + ".", child)
@@ -35,6 +38,8 @@ def _default_unit_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def find_unit_modules(root: nn.Module, policy: UnitPolicy | None) -> list[tuple[str, nn.Module]]:
     """(name, module) of every non-root unit, in registration order."""
+    if z3_leaf_module(root):
+        return []  # the whole model is one leaf: one unit
     if policy is None:
         candidates = _default_unit_modules(root)
     else:
@@ -43,7 +48,7 @@ def find_unit_modules(root: nn.Module, policy: UnitPolicy | None) -> list[tuple[
         def walk(prefix: str, module: nn.Module):
             for child_name, child in module.named_children():
                 name = f"{prefix}{child_name}"
-                if policy(name, child):
+                if z3_leaf_module(child) or policy(name, child):
                     candidates.append((name, child))
                 else:
                     walk(name + ".", child)

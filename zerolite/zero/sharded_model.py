@@ -18,10 +18,12 @@ import torch.nn as nn
 
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer
+from zerolite.config.zero_blocks import DEFAULT_LEAF_MODULE_CLASSES
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.buffer_pool import BufferPool
 from zerolite.zero.flat_param import FlatParam
 from zerolite.zero.hooks import install_grad_hooks
+from zerolite.zero.leaf_modules import apply_leaf_module_config, tag_leaf_parameters
 from zerolite.zero.module_hooks import ParameterOffload
 from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
 from zerolite.zero.grad_reduction import GradReduction
@@ -66,6 +68,9 @@ class ShardingOptions:
     2-3; stage 1 always does). Costs 4 bytes x parameters per rank while accumulating."""
     trace: bool = False
     """Record a timeline of compute and communication events (StepStats.events)."""
+    leaf_module: dict | None = None
+    """zero_optimization.leaf_module: modules flagged as ZeRO-3 leaves before units are
+    chosen (zero/leaf_modules.py)."""
 
     @classmethod
     def from_config(cls, zc, trace: bool = False, reduce_once_per_step: bool = False
@@ -75,7 +80,8 @@ class ShardingOptions:
                    max_reuse_distance=zc.stage3_max_reuse_distance,
                    persistence_threshold=zc.stage3_param_persistence_threshold,
                    reduce_bucket_numel=zc.reduce_bucket_size,
-                   reduce_once_per_step=reduce_once_per_step, trace=trace)
+                   reduce_once_per_step=reduce_once_per_step, trace=trace,
+                   leaf_module=zc.leaf_module)
 
 
 class ShardedModel:
@@ -98,6 +104,8 @@ class ShardedModel:
         self.compute_dtype = compute_dtype
         self.reducer = reducer or GradReducer(world_size)
         self.gatherer = gatherer or ParamGatherer()
+        apply_leaf_module_config(module, options.leaf_module, DEFAULT_LEAF_MODULE_CLASSES)
+        tag_leaf_parameters(module)
         unit_modules = find_unit_modules(module, unit_policy)
         owner, names = assign_params(module, unit_modules)
         for p in names:
@@ -298,6 +306,19 @@ class ShardedModel:
         """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
         if self.defer_reduce:
             self.reduction.drain(self.units)
+
+    def reduce_pending_grads(self) -> None:
+        """Reduce now every gradient still waiting in a full buffer (stage 1, or
+        reduce_once_per_step between boundaries) and wait for host copies: the tensor-fragment
+        API reads the reduced shards. Later micro-steps are added to them, as at the step."""
+        self.reduction.drain(self.units)
+        self.settle_host_copies()
+
+    def empty_cache(self) -> None:
+        """Release every gathered unit that may be released (persistent ones stay) and drop the
+        pool's free buffers: the memory DeepSpeed's empty_partition_cache() returns."""
+        self.residency.release_all()
+        self.pool.clear()
 
     def settle_host_copies(self) -> None:
         """offload 'cpu': block until every host <-> device copy issued so far is done."""

@@ -38,7 +38,13 @@ class ZeroliteAccelerator:
     def device_count(self) -> int:
         if self._name == "cuda":
             return torch.cuda.device_count()
-        return int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # as DeepSpeed's CPU accelerator
+        # DeepSpeed's CPU accelerator: LOCAL_SIZE (its launcher sets it) when positive; then
+        # torchrun's LOCAL_WORLD_SIZE here (DeepSpeed counts NUMA nodes instead).
+        for key in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+            count = int(os.environ.get(key, 0) or 0)
+            if count > 0:
+                return count
+        return 1
 
     def is_available(self) -> bool:
         return True
@@ -121,7 +127,18 @@ class ZeroliteAccelerator:
         return f"ZeroliteAccelerator({self._name!r})"
 
 
+DeepSpeedAccelerator = ZeroliteAccelerator
+"""DeepSpeed's accelerator base class: `isinstance(get_accelerator(), DeepSpeedAccelerator)`."""
+
 _ACCELERATOR: ZeroliteAccelerator | None = None
+
+SUPPORTED_ACCELERATOR_LIST = ["cuda", "cpu", "xpu", "npu", "mps", "hpu", "mlu", "sdaa", "supa",
+                              "klxpu"]
+"""DeepSpeed 0.19's accelerator names (zerolite itself runs on cuda and cpu only)."""
+
+
+def is_current_accelerator_supported() -> bool:
+    return get_accelerator().device_name() in SUPPORTED_ACCELERATOR_LIST
 
 
 def get_accelerator() -> ZeroliteAccelerator:
@@ -136,4 +153,5 @@ def set_accelerator(accel) -> None:
     _ACCELERATOR = accel
 
 
-__all__ = ["get_accelerator", "set_accelerator", "ZeroliteAccelerator"]
+__all__ = ["get_accelerator", "set_accelerator", "is_current_accelerator_supported",
+           "ZeroliteAccelerator"]

@@ -52,9 +52,36 @@ def log_summary(show_straggler: bool = False) -> None:
     (`wall_clock_breakdown`), so there is nothing to print here."""
 
 
+def has_all_gather_into_tensor() -> bool:
+    return True  # torch >= 2.3: all of these exist
+
+
+def has_reduce_scatter_tensor() -> bool:
+    return True
+
+
+def has_all_reduce_coalesced() -> bool:
+    return True
+
+
+def has_coalescing_manager() -> bool:
+    return True
+
+
+def get_all_ranks_from_group(group=None) -> list[int]:
+    """Global ranks of `group` (None: the world)."""
+    if group is None:
+        return list(range(_dist.get_world_size()))
+    return list(_dist.get_process_group_ranks(group))
+
+
 def configure(*_args, **_kwargs) -> None:
     """DeepSpeed's comms-logger configuration: accepted, nothing to configure."""
 
 
 def __getattr__(name):
     return getattr(_dist, name)
+
+from zerolite.compat.deepspeed._refused_names import refused_stubs  # noqa: E402
+
+globals().update(refused_stubs("deepspeed.comm"))

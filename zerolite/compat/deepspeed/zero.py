@@ -13,3 +13,7 @@ def is_zero_param(param) -> bool:
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter",
            "unregister_external_parameter", "is_zero_param", "ZeroParamStatus"]
+
+from zerolite.compat.deepspeed._refused_names import refused_stubs  # noqa: E402
+
+globals().update(refused_stubs("deepspeed.zero"))

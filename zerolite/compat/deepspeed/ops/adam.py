@@ -2,3 +2,7 @@
 from zerolite.compat.deepspeed.ops._mapped import DeepSpeedCPUAdam, FusedAdam  # noqa: F401
 
 __all__ = ["FusedAdam", "DeepSpeedCPUAdam"]
+
+from zerolite.compat.deepspeed._refused_names import refused_stubs  # noqa: E402
+
+globals().update(refused_stubs("deepspeed.ops.adam"))

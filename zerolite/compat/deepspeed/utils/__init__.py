@@ -1,42 +1,38 @@
-"""`deepspeed.utils`: the logger, log_dist, groups, set_z3_leaf_modules, zero_to_fp32."""
+"""`deepspeed.utils`: the logger, log_dist, groups, set_z3_leaf_modules, zero_to_fp32 and the
+tensor-fragment API (safe_get_full_fp32_param, ...)."""
 from __future__ import annotations
 
-from zerolite.compat.deepspeed.utils import groups, logging, zero_to_fp32  # noqa: F401
-from zerolite.compat.deepspeed.utils.logging import log_dist, logger  # noqa: F401
+from zerolite.compat.deepspeed.utils import groups, logging, tensor_fragment, zero_to_fp32  # noqa: F401
+from zerolite.compat.deepspeed.utils import z3_leaf_module as _leaf
+from zerolite.compat.deepspeed.utils.groups import (  # noqa: F401
+    get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
+    get_model_parallel_rank, get_model_parallel_world_size, get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from zerolite.compat.deepspeed.utils.logging import (  # noqa: F401
+    log_dist, log_dist_once, logger, set_log_level_from_string,
+)
+from zerolite.compat.deepspeed.utils.module_utils import (  # noqa: F401
+    RepeatingLoader, recursive_getattr, recursive_setattr,
+)
+from zerolite.compat.deepspeed.utils.tensor_fragment import (  # noqa: F401
+    safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state,
+    safe_get_local_fp32_param, safe_get_local_grad, safe_get_local_optimizer_state,
+    safe_set_full_fp32_param, safe_set_full_grad, safe_set_full_optimizer_state,
+    safe_set_local_fp32_param, safe_set_local_grad, safe_set_local_optimizer_state,
+    safe_update_full_grad_vectorized,
+)
+from zerolite.compat.deepspeed.utils.z3_leaf_module import (  # noqa: F401
+    get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules, set_z3_leaf_modules_by_name,
+    set_z3_leaf_modules_by_suffix, unset_z3_leaf_modules, z3_leaf_module, z3_leaf_parameter,
+)
+# Note: as in DeepSpeed, `deepspeed.utils.z3_leaf_module` is the function (the import above
+# shadows the submodule of the same name, which stays importable by its full path).
 
 
-def set_z3_leaf_modules(model, leaf_module_classes):
-    """Mark modules of these classes (or class names) as ZeRO-3 leaves; returns them.
+__all__ = ["logger", "log_dist", "logging", "groups", "zero_to_fp32", "tensor_fragment",
+           *tensor_fragment.__all__, *_leaf.__all__]
 
-    [Note: mark only] DeepSpeed gathers a leaf module's whole subtree at once instead of per
-    sub-module (for MoE experts). zerolite gathers whole units, so a leaf inside one unit is
-    gathered whole already; a leaf spanning several units is still gathered unit by unit (pass
-    its class in the `zerolite.unit_policy` config key to make it one unit)."""
-    names = {c if isinstance(c, str) else c.__name__ for c in leaf_module_classes}
-    found = [m for m in model.modules() if type(m).__name__ in names]
-    if not found:
-        raise ValueError(f"set_z3_leaf_modules: no module of class {sorted(names)} in "
-                         f"{type(model).__name__}")
-    for m in found:
-        m._z3_leaf = True
-    return found
+from zerolite.compat.deepspeed._refused_names import refused_stubs  # noqa: E402
 
-
-def unset_z3_leaf_modules(model, leaf_module_classes):
-    names = {c if isinstance(c, str) else c.__name__ for c in leaf_module_classes}
-    found = [m for m in model.modules() if type(m).__name__ in names]
-    for m in found:
-        m._z3_leaf = False
-    return found
-
-
-def get_z3_leaf_modules(model) -> list:
-    return [m for m in model.modules() if getattr(m, "_z3_leaf", False)]
-
-
-def z3_leaf_module(module) -> bool:
-    return getattr(module, "_z3_leaf", False)
-
-
-__all__ = ["logger", "log_dist", "logging", "groups", "zero_to_fp32", "set_z3_leaf_modules",
-           "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module"]
+globals().update(refused_stubs("deepspeed.utils"))

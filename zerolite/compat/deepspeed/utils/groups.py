@@ -17,6 +17,30 @@ def _get_data_parallel_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def get_data_parallel_group():
+    return _get_data_parallel_group()
+
+
+def get_data_parallel_world_size() -> int:
+    return _get_data_parallel_world_size()
+
+
+def get_data_parallel_rank() -> int:
+    return _get_data_parallel_rank()
+
+
+def get_model_parallel_world_size() -> int:
+    return 1  # data parallelism only: every rank is its own model-parallel group
+
+
+def get_model_parallel_rank() -> int:
+    return 0
+
+
+get_tensor_model_parallel_world_size = get_model_parallel_world_size
+get_tensor_model_parallel_rank = get_model_parallel_rank
+
+
 def _get_model_parallel_world_size() -> int:
     return 1
 
