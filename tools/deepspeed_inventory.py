@@ -101,19 +101,13 @@ INTERNAL: dict[str, list[tuple[str, str]]] = {
 """module -> [(regular expression matching whole names, why they are internal)], first match
 wins."""
 
-_TRL = ("issue 23 item 4 (ZeRO-3 param status), on the TRL work branch (ds_status, "
-        "ZeroParamStatus, the parameter_offload hook surface)")
+_ITEM4 = ("issue 23 item 4, not built yet: partitioned params as 0-element tensors, "
+          "zero.Init on meta-device params, deepspeed.OnDevice")
 PENDING: dict[str, dict[str, str]] = {
-    "deepspeed": {"OnDevice": _TRL},
-    "deepspeed.utils": {"OnDevice": _TRL},
-    "deepspeed.zero": {"ZeroParamStatus": _TRL, "ZeroParamType": _TRL,
-                       "unwrap_model_for_generation": _TRL},
-    "deepspeed.runtime.zero.partition_parameters": {
-        "ZeroParamStatus": _TRL, "ZeroParamType": _TRL,
-        "register_external_parameter": "re-export of deepspeed.zero's, after the TRL branch "
-                                       "(which changes this module) is merged",
-        "unregister_external_parameter": "re-export of deepspeed.zero's, after the TRL branch "
-                                         "(which changes this module) is merged"},
+    "deepspeed": {"OnDevice": _ITEM4},
+    "deepspeed.utils": {"OnDevice": _ITEM4},
+    "deepspeed.zero": {"ZeroParamType": _ITEM4, "unwrap_model_for_generation": _ITEM4},
+    "deepspeed.runtime.zero.partition_parameters": {"ZeroParamType": _ITEM4},
 }
 """Names another open work item adds: listed by name, so nothing else can hide here."""
 

@@ -4,7 +4,9 @@ values of `param.ds_status`, which TRL checks) and the hooks Transformers patche
 import torch
 
 from zerolite.compat.deepspeed.accelerator import get_accelerator  # noqa: F401
-from zerolite.zero import GatheredParameters, Init  # noqa: F401
+from zerolite.zero import (  # noqa: F401
+    GatheredParameters, Init, register_external_parameter, unregister_external_parameter,
+)
 from zerolite.zero.param_status import ZeroParamStatus  # noqa: F401
 
 _orig_torch_arange = torch.arange
@@ -22,5 +24,6 @@ def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_devi
     return fn
 
 
-__all__ = ["Init", "GatheredParameters", "ZeroParamStatus",
+__all__ = ["Init", "GatheredParameters", "ZeroParamStatus", "register_external_parameter",
+           "unregister_external_parameter",
            "zero_wrapper_for_fp_tensor_constructor", "get_accelerator"]
