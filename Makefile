@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-slow bench bench-peers gpu-check gpu-check-dry clean
+.PHONY: setup demo test test-slow bench bench-peers plots gpu-check gpu-check-dry clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,16 @@ bench-peers: $(STAMP)
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PEERS_PY) -m benchmarks.peers.run \
 		--sizes 20M --worlds 2 --dtypes fp32 --configs ds_defaults,issue16 --gas 1,2 \
 		--engines zerolite3,fsdp2,ddp,deepspeed --steps 4 --warmup 1 --name peers_small
+
+# Redraw every picture in benchmarks/results/ from the JSON beside it (matplotlib, the `bench`
+# extra; benchmarks/plots/).
+BENCH_STAMP := $(VENV)/.zerolite-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(CONSTRAINTS) -e ".[test,triton,bench]"
+	touch $(BENCH_STAMP)
+
+plots: $(BENCH_STAMP)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m benchmarks.plots
 
 # On one CUDA GPU, within 9 minutes: kernel GB/s, the 1.3B peers table (PyTorch, FSDP2,
 # DeepSpeed, zerolite), the cuda tests, prefetch on/off with a profiler trace and timeline,
