@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-slow bench bench-peers plots gpu-check gpu-check-dry clean
+.PHONY: setup demo test test-slow docs bench bench-peers plots gpu-check gpu-check-dry clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,16 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The documentation site into site/ (mkdocs-material + mkdocstrings, the `docs` extra), with
+# every warning an error; the config reference is generated from zerolite/config/ as it builds.
+DOCS_STAMP := $(VENV)/.zerolite-docs
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(CONSTRAINTS) -e ".[test,triton,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --clean --site-dir site
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q -m "" --benchmark-only --benchmark-json=benchmarks/results/latest.json
@@ -60,4 +70,4 @@ gpu-check-dry: $(STAMP)
 		--out benchmarks/results/gpu_check_dry
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site dist *.egg-info
