@@ -205,6 +205,8 @@ def top_rows() -> list[Row]:
                     _status("bfloat16")))
     rows.append(Row("amp", "object", "", "apex AMP. `amp.enabled: true` is refused (use fp16 "
                     "or bf16); disabled, it loads.", _status("amp")))
+    rows.append(Row("amp.enabled", "bool", "false", "Switch apex AMP on: refused.",
+                    STATUS[REJECTED]))
     for name in TOP_LEVEL_IGNORED:
         if name not in fields and name not in _core._TOP_MODELLED:
             rows.append(Row(name, "any", "", "DeepSpeed feature zerolite does not have; the "
@@ -274,7 +276,9 @@ def sections() -> list[tuple[str, str, list[Row]]]:
          "loads but is refused when the engine builds it (its per-parameter trust ratio needs "
          "norms across shards). `optimizer.legacy_fusion` loads without effect.",
          [Row("optimizer.type", "string", "", "Which optimizer the engine builds over the "
-              "fp32 shards.", STATUS[HONOURED]),
+              "fp32 shards.", _status("optimizer.type")),
+          Row("optimizer.params", "object", "{}", "Hyper-parameters of the chosen type (below); "
+              "DeepSpeed's defaults fill in the rest.", _status("optimizer.params")),
           Row("optimizer.legacy_fusion", "any", "", "DeepSpeed fp16 option; loads without "
               "effect.", STATUS[IGNORED])]
          + [r for t, spec in OPTIMIZER_PARAMS.items()
@@ -282,7 +286,9 @@ def sections() -> list[tuple[str, str, list[Row]]]:
         ("scheduler", f"`scheduler.type` is one of {sch_types}. An unknown parameter is an "
          "error when the config loads.",
          [Row("scheduler.type", "string", "", "Which DeepSpeed learning-rate schedule.",
-              STATUS[HONOURED])]
+              _status("scheduler.type")),
+          Row("scheduler.params", "object", "{}", "Parameters of the chosen schedule (below); "
+              "required ones must be given.", _status("scheduler.params"))]
          + [r for t, spec in SCHEDULER_PARAMS.items()
             for r in table_rows(f"scheduler.params ({t})", spec)]),
     ]
