@@ -51,6 +51,16 @@ print("ALIAS-OK", engine.global_steps, zerolite.__version__)
 '''
 
 
+def _setuptools_builds_wheels() -> bool:
+    """setuptools >= 70.1 has bdist_wheel built in (pyproject.toml asks for no `wheel`)."""
+    if importlib.util.find_spec("setuptools") is None:
+        return False
+    import setuptools
+
+    major, minor = (int(p) for p in setuptools.__version__.split(".")[:2])
+    return (major, minor) >= (70, 1)
+
+
 def _run(cmd, cwd, env, timeout=300):
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, (cmd, r.stdout[-2000:], r.stderr[-4000:])
@@ -69,7 +79,7 @@ def test_wheel_installs_the_command_alias_and_kernels(tmp_path):
             shutil.copy(path, src / name)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     build = [sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist")]
-    if importlib.util.find_spec("setuptools") is not None:  # offline and fast
+    if _setuptools_builds_wheels():  # offline and fast; else build fetches its own
         build += ["--no-isolation", "--skip-dependency-check"]
     _run([*build, str(src)], tmp_path, env)
     wheel = tmp_path / "dist" / f"zerolite-{__version__}-py3-none-any.whl"
