@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-torch211 test-slow bench bench-peers gpu-check gpu-check-dry clean
+.PHONY: setup demo test test-torch211 test-slow docs bench bench-peers plots gpu-check gpu-check-dry clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,16 @@ test-torch211:
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# The documentation site into site/ (mkdocs-material + mkdocstrings, the `docs` extra), with
+# every warning an error; the config reference is generated from zerolite/config/ as it builds.
+DOCS_STAMP := $(VENV)/.zerolite-docs
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(CONSTRAINTS) -e ".[test,triton,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --clean --site-dir site
+
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q -m "" --benchmark-only --benchmark-json=benchmarks/results/latest.json
 
@@ -45,6 +55,16 @@ bench-peers: $(STAMP)
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PEERS_PY) -m benchmarks.peers.run \
 		--sizes 20M --worlds 2 --dtypes fp32 --configs ds_defaults,issue16 --gas 1,2 \
 		--engines zerolite3,fsdp2,ddp,deepspeed --steps 4 --warmup 1 --name peers_small
+
+# Redraw every picture in benchmarks/results/ from the JSON beside it (matplotlib, the `bench`
+# extra; benchmarks/plots/).
+BENCH_STAMP := $(VENV)/.zerolite-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(CONSTRAINTS) -e ".[test,triton,bench]"
+	touch $(BENCH_STAMP)
+
+plots: $(BENCH_STAMP)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m benchmarks.plots
 
 # On one CUDA GPU, within 9 minutes: kernel GB/s, the 1.3B peers table (PyTorch, FSDP2,
 # DeepSpeed, zerolite), the cuda tests, prefetch on/off with a profiler trace and timeline,
@@ -59,4 +79,4 @@ gpu-check-dry: $(STAMP)
 		--out benchmarks/results/gpu_check_dry
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site dist *.egg-info

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_prefetch: needs a CUDA device; nothing measured")
         return 0
-    from timeline import render
+    from timeline import render, trace_from_events
 
     from zerolite.testing.multiprocess import run_ranks
 
@@ -126,12 +126,12 @@ def main(argv=None) -> int:
                          "exposed_s": statistics.mean(s["all_gather_wait_s"] for s in stats),
                          "memory_rank0": res[0]["memory"]})
             if res[0]["events"]:
-                events = res[0]["events"]
+                other = {"size": args.size, "world": world, "dtype": "fp32",
+                         "micro": args.micro, "steps": args.steps + args.warmup,
+                         "prefetch": prefetch, "command": "benchmarks/gpu_prefetch.py"}
                 with open(args.out + "_timeline.json", "w") as f:
-                    json.dump({"traceEvents": [
-                        {"name": n, "ph": "X", "ts": s * 1e6, "dur": (e - s) * 1e6, "pid": 0,
-                         "tid": lane} for lane, n, s, e in events]}, f)
-                render(events, args.out + "_timeline.png")
+                    json.dump(trace_from_events(res[0]["events"], 0, other), f)
+                render(res[0]["events"], args.out + "_timeline.png", other)
     summarize(rows)
     with open(args.out + ".json", "w") as f:
         json.dump(rows, f, indent=1)

@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/timeline.py --prefetch on --out benchmarks/results/timeline_on
     .venv/bin/python benchmarks/timeline.py --prefetch off --out benchmarks/results/timeline_off
 
-Writes OUT.json (Chrome trace: open in chrome://tracing or https://ui.perfetto.dev) and
-OUT.png (rank 0; lanes top to bottom: compute [forward blue, backward green], all-gathers
-in flight [orange], compute blocked on a gather [red], reduce-scatters [purple]).
+Writes OUT.json (Chrome trace: open in chrome://tracing or https://ui.perfetto.dev; the run's
+settings under "otherData") and OUT.png, drawn by benchmarks/plots/timeline.py (rank 0; lanes
+top to bottom: compute [forward, backward], all-gathers in flight, compute blocked on a gather,
+reductions in flight; time in ms). `python -m benchmarks.plots` redraws the PNG from the JSON.
 """
 from __future__ import annotations
 
@@ -19,22 +20,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from peers.png import Canvas  # noqa: E402
+from benchmarks.peers.workload import machine_info  # noqa: E402
+from benchmarks.plots import save  # noqa: E402
+from benchmarks.plots.timeline import timeline_figure, trace_from_events  # noqa: E402
 from step_workloads import GPT_20M, GPT_80M, _batch  # noqa: E402
-
-LANES = ["compute", "all_gather", "wait", "reduce"]
-COLORS = {"forward": (66, 133, 244), "backward": (52, 168, 83), "all_gather": (251, 140, 0),
-          "wait": (219, 68, 55), "reduce": (142, 68, 173)}
-
-
-def _lane(lane: str, name: str) -> tuple[str, tuple]:
-    if lane == "compute":
-        return "compute", COLORS["forward" if name.startswith("forward") else "backward"]
-    if name.startswith("all_gather"):
-        return "all_gather", COLORS["all_gather"]
-    if lane == "wait":
-        return "wait", COLORS["wait"]
-    return "reduce", COLORS["reduce"]
 
 
 def _worker(rank, world, size, prefetch, dtype, micro, steps):
@@ -59,19 +48,10 @@ def _worker(rank, world, size, prefetch, dtype, micro, steps):
     return engine.last_step_stats.events, engine.last_step_stats.as_dict()
 
 
-def render(events, path_png: str, width: int = 1600, lane_h: int = 36) -> None:
-    t0 = min(e[2] for e in events)
-    t1 = max(e[3] for e in events)
-    scale = (width - 20) / max(t1 - t0, 1e-9)
-    canvas = Canvas(width, lane_h * len(LANES) + 20)
-    for i in range(len(LANES)):  # lane backgrounds
-        canvas.rect(10, 10 + i * lane_h, width - 10, 10 + (i + 1) * lane_h - 4, (242, 242, 242))
-    for lane, name, start, end in events:
-        row, color = _lane(lane, name)
-        y = 10 + LANES.index(row) * lane_h
-        x0 = 10 + int((start - t0) * scale)
-        canvas.rect(x0, y + 2, max(x0 + 1, 10 + int((end - t0) * scale)), y + lane_h - 6, color)
-    canvas.save(path_png)
+def render(events, path_png: str, other: dict | None = None) -> None:
+    """Draw rank 0's StepStats events [(lane, name, start_s, end_s), ...] as OUT.png."""
+    save(timeline_figure(trace_from_events(events, 0, other),
+                         source=os.path.basename(path_png)[:-4] + ".json"), path_png)
 
 
 def main(argv=None):
@@ -89,14 +69,16 @@ def main(argv=None):
     torch.set_num_threads(1)
     results = run_ranks(_worker, args.world, args.size, args.prefetch == "on", args.dtype,
                         args.micro, args.steps, timeout_s=1800)
-    trace = {"traceEvents": [
-        {"name": name, "ph": "X", "ts": start * 1e6, "dur": (end - start) * 1e6, "pid": rank,
-         "tid": _lane(lane, name)[0]}
-        for rank, (events, _) in enumerate(results) for lane, name, start, end in events]}
+    other = {"size": args.size, "world": args.world, "dtype": args.dtype, "micro": args.micro,
+             "steps": args.steps, "prefetch": args.prefetch, "machine": machine_info(),
+             "command": "python benchmarks/timeline.py " + " ".join(argv or sys.argv[1:])}
+    trace = {"traceEvents": [e for rank, (events, _) in enumerate(results)
+                             for e in trace_from_events(events, rank)["traceEvents"]],
+             "otherData": other}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(trace, f)
-    render(results[0][0], args.out + ".png")
+    save(timeline_figure(trace, source=os.path.basename(args.out) + ".json"), args.out + ".png")
     stats = results[0][1]
     print(f"wrote {args.out}.json and {args.out}.png; rank 0: all-gather {stats['all_gather_s']:.3f}s, "
           f"exposed {stats['all_gather_wait_s']:.3f}s, reduce {stats['reduce_scatter_s']:.3f}s "

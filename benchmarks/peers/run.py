@@ -26,12 +26,10 @@ from pathlib import Path
 from benchmarks.peers import workload as W
 from benchmarks.peers.configs import CONFIGS
 from benchmarks.peers.engines import ENGINES
-from benchmarks.peers.png import bar_chart
+from benchmarks.plots import save
+from benchmarks.plots.peers import peers_figure
 
 REPO = Path(__file__).resolve().parents[2]
-COLORS = {"zerolite3": (31, 119, 180), "zerolite2": (114, 177, 230),
-          "zerolite3_once": (23, 190, 207), "fsdp2": (255, 127, 14),
-          "ddp": (44, 160, 44), "deepspeed": (214, 39, 40)}
 
 
 def child_env() -> dict:
@@ -202,10 +200,8 @@ def write_markdown(path: Path, report: dict, engines: list[str]) -> None:
               "wall time to other load. load: 1-minute load average at job start (2 cores: above "
               "~2.5 means other processes competed for the CPUs).", "",
               f"## {path.stem}.png", "",
-              "Top: zerolite ZeRO-3 step time / peer (DeepSpeed, FSDP2, DDP) per cell; bottom: "
-              "peak RSS / peer. Cells (numbered under the bars):", ""]
-    lines += [f"{i + 1}. {c[0]} {c[1]} world {c[2]} {c[3]} gas {c[4]}"
-              for i, c in enumerate(_cells(report))]
+              "Per cell (config, micro-batch x accumulation), one bar per engine: wall time "
+              "per step, CPU time per step and peak RSS per rank (legend in the picture)."]
     if report["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     lines += ["", "## Per-step losses (mean over ranks)", ""]
@@ -218,18 +214,9 @@ def write_markdown(path: Path, report: dict, engines: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-RATIO_COLORS = {"deepspeed": COLORS["deepspeed"], "fsdp2": COLORS["fsdp2"], "ddp": COLORS["ddp"]}
-
-
 def write_png(path: Path, report: dict) -> None:
-    by_key = {(r["engine"], *cell(r)): r for r in report["results"] if r["status"] == "ok"}
-    cells = [c for c in _cells(report) if ("zerolite3", *c) in by_key]
-    peers = list(RATIO_COLORS)
-    panels = []
-    for key in ("time", "mem"):
-        panels.append([[by_key[("zerolite3", *c)].get(f"{key}_vs_{p}") for p in peers]
-                       for c in cells])
-    bar_chart(str(path), cells, peers, panels, RATIO_COLORS)
+    """Grouped bars per engine and cell (benchmarks/plots/peers.py; `make plots` redraws it)."""
+    save(peers_figure(report, source=path.stem + ".json"), path)
 
 
 def load_merged(files: list[str], refs_only: bool = False) -> tuple[list[dict], dict]:
