@@ -189,6 +189,10 @@ def section_rows(prefix: str, cls) -> list[Row]:
     return rows
 
 
+_NESTED_FIELDS = {"checkpoint_tag_validation": "checkpoint.tag_validation"}
+"""ZeroConfig fields read from a nested JSON key (the field name is not the key)."""
+
+
 def top_rows() -> list[Row]:
     docs = attribute_docs(ZeroConfig)
     fields = {f.name: f for f in dataclasses.fields(ZeroConfig)}
@@ -200,7 +204,8 @@ def top_rows() -> list[Row]:
     for name, f in fields.items():
         if name in _batch.BATCH_KEYS or name in ("raw", "world_size"):
             continue
-        rows.append(Row(name, json_type(f.type), _default(f), docs.get(name, ""), _status(name)))
+        key = _NESTED_FIELDS.get(name, name)
+        rows.append(Row(key, json_type(f.type), _default(f), docs.get(name, ""), _status(key)))
     rows.append(Row("bfloat16", "object", "", "Legacy name of `bf16` (give one of them).",
                     _status("bfloat16")))
     rows.append(Row("amp", "object", "", "apex AMP. `amp.enabled: true` is refused (use fp16 "
