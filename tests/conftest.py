@@ -20,3 +20,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_in_pytest():
+    """A test that leaves a process group in pytest's own process makes every forked rank after
+    it fail with "default process group twice", far from the cause: fail that test instead."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("this test left a torch.distributed process group in pytest's own process "
+                    "(every later multi-rank test would fail): run engines through "
+                    "zerolite.testing.multiprocess.run_ranks")
