@@ -45,14 +45,9 @@ def test_accelerate_deepspeed_plugin_matches_single_process(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     output = proc.stdout + proc.stderr
-    # Note: now and then (seen in 2 of 3 full-suite runs from a fresh clone, never alone) a
-    # rank aborts at interpreter exit after the script finished and wrote its results
-    # ("terminate called without an active exception", SIGABRT). That is a known open bug,
-    # not a pass: the numbers below are still checked, then the test reports xfail.
-    aborted_at_exit = (proc.returncode != 0
-                       and "terminate called without an active exception" in output
-                       and all((tmp_path / f"rank{r}.json").exists() for r in range(world)))
-    assert proc.returncode == 0 or aborted_at_exit, output[-5000:]
+    # Note: a finished run must exit 0: the abort at interpreter exit this test once reported
+    # as xfail (the watchdog thread in a store call at finalization) is fixed (issue 24).
+    assert proc.returncode == 0, output[-5000:]
     runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert runs[0]["engine"] == "ZeroEngine"
     micro = torch.tensor([r["losses"] for r in runs])  # rank x micro-batch
@@ -61,5 +56,3 @@ def test_accelerate_deepspeed_plugin_matches_single_process(tmp_path):
     for name, value in ref_state.items():
         got = torch.tensor(runs[0]["state"][name])
         torch.testing.assert_close(got, value, rtol=1e-5, atol=1e-6, msg=name)
-    if aborted_at_exit:
-        pytest.xfail("results match, but a rank aborted at interpreter exit (known open bug)")
