@@ -112,3 +112,44 @@ def test_exit_stress():
                 bad.append(f"job {i} {kind} {ENDINGS[i % len(ENDINGS)]}: {job.rcs}\n"
                            f"{job.output[-3000:]}")
     assert not bad, f"{len(bad)} of {2 * n} jobs failed:\n" + "\n".join(bad)
+
+
+def _named_thread(name, work):
+    import ctypes
+
+    ready = threading.Event()
+
+    def run():
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: the OS name
+        ready.set()
+        work()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    ready.wait(5)
+    return t
+
+
+def test_settle_threads_waits_until_the_named_threads_are_idle():
+    """zerolite.shutdown.settle_threads (Note: gloo workers at exit): a thread that keeps
+    running (here a Python loop: runnable, or waiting for the GIL) is not idle; one blocked
+    on a lock is."""
+    from zerolite.shutdown import settle_threads
+
+    until = time.monotonic() + 0.6
+    busy = _named_thread("zl_busy", lambda: [None for _ in iter(lambda: time.monotonic() < until,
+                                                                 False)])
+    start = time.monotonic()
+    assert settle_threads("zl_busy", timeout_s=10)
+    assert time.monotonic() >= until - 0.05, time.monotonic() - start
+    busy.join(5)
+    blocked = threading.Lock()
+    blocked.acquire()
+    _named_thread("zl_idle", blocked.acquire)
+    start = time.monotonic()
+    assert settle_threads("zl_idle", timeout_s=10) and time.monotonic() - start < 1.0
+    stop = threading.Event()
+    spinning = _named_thread("zl_spin", lambda: [None for _ in iter(stop.is_set, True)])
+    assert not settle_threads("zl_spin", timeout_s=0.3)
+    stop.set()
+    spinning.join(5)
