@@ -114,3 +114,14 @@ def test_reference_masters_start_from_fp32_values():
     for name, value in original.items():
         assert torch.equal(state[name], value), name
         assert not torch.equal(value, value.bfloat16().float()), name
+
+
+def test_bf16_ulp_is_the_spacing_of_bfloat16_numbers():
+    from zerolite.testing.bf16_reference import bf16_atol, bf16_ulp
+
+    for x in (1.3, 1.0, 0.7, 2.5, -3.1, 1e-3, 300.0):
+        b = torch.tensor(x, dtype=torch.bfloat16)
+        up = (b.view(torch.int16) + 1).view(torch.bfloat16)  # the next bf16 away from zero
+        assert bf16_ulp(x) == abs(up.item()) - abs(b.item()), x
+    assert bf16_ulp(1.3) == 2 ** -7 and bf16_ulp(0.9) == 2 ** -8  # the 0.0078 at 1.3
+    assert bf16_atol([0.9, 1.3], roundings=3) == 3 * 2 ** -7

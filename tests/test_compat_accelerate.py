@@ -27,22 +27,16 @@ def _script_module(path=SCRIPT):
 
 
 def _launch(script, out, world):
-    """torchrun the script under the alias; returns (per-rank results, aborted_at_exit)."""
+    """torchrun the script under the alias; returns the per-rank results."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(world), "-m", "zerolite.as_deepspeed", script, "--out", str(out)]
     proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
-    # Note: now and then (seen in 2 of 3 full-suite runs from a fresh clone, never alone) a
-    # rank aborts at interpreter exit after the script finished and wrote its results
-    # ("terminate called without an active exception", SIGABRT). That is a known open bug,
-    # not a pass: the numbers are still checked, then the test reports xfail.
-    aborted_at_exit = (proc.returncode != 0
-                       and "terminate called without an active exception" in output
-                       and all((out / f"rank{r}.json").exists() for r in range(world)))
-    assert proc.returncode == 0 or aborted_at_exit, output[-5000:]
-    return ([json.loads((out / f"rank{r}.json").read_text()) for r in range(world)],
-            aborted_at_exit)
+    # Note: a finished run must exit 0. The abort at interpreter exit this test once reported
+    # as xfail (the watchdog thread in a store call at finalization) is fixed (issue 24).
+    assert proc.returncode == 0, output[-5000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def check_mlp_against_reference(runs, world):
@@ -70,10 +64,8 @@ def check_mlp_against_reference(runs, world):
 
 
 def test_accelerate_deepspeed_plugin_matches_single_process(tmp_path):
-    runs, aborted_at_exit = _launch(SCRIPT, tmp_path, 2)
+    runs = _launch(SCRIPT, tmp_path, 2)
     check_mlp_against_reference(runs, 2)
-    if aborted_at_exit:
-        pytest.xfail("results match, but a rank aborted at interpreter exit (known open bug)")
 
 
 def test_accelerate_client_scheduler_drives_every_group_and_resumes(tmp_path):
@@ -102,8 +94,7 @@ def test_accelerate_client_scheduler_drives_every_group_and_resumes(tmp_path):
             probe.step()
     assert ref_lrs[0] == [0.0, 0.0] and ref_lrs[m.WARMUP] == [m.LR, m.LR]  # warm-up, then decay
 
-    runs, aborted_at_exit = _launch(os.path.join(SCRIPTS, "accelerate_schedule.py"), tmp_path,
-                                    world)
+    runs = _launch(os.path.join(SCRIPTS, "accelerate_schedule.py"), tmp_path, world)
     assert runs[0]["engine"] == "ZeroEngine"
     for r in runs:
         assert r["lrs"] == ref_lrs and r["resumed_lrs"] == ref_lrs[m.SAVE_AT:]
@@ -117,5 +108,3 @@ def test_accelerate_client_scheduler_drives_every_group_and_resumes(tmp_path):
         for name, value in ref_state.items():
             torch.testing.assert_close(torch.tensor(runs[0][key][name]), value, rtol=1e-5,
                                        atol=1e-6, msg=f"{key} {name}")
-    if aborted_at_exit:
-        pytest.xfail("results match, but a rank aborted at interpreter exit (known open bug)")

@@ -1,7 +1,6 @@
 """Process-group setup: `init_distributed`, as DeepSpeed's, on top of torch.distributed."""
 from __future__ import annotations
 
-import atexit
 import datetime
 import logging
 import os
@@ -96,28 +95,13 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     _destroy_group_at_exit()
 
 
-_teardown_registered = False
-
-
 def _destroy_group_at_exit() -> None:
-    """Destroy the default group in an atexit handler, once per process.
+    """Destroy the default group at exit, before the interpreter finalizes, after the
+    goodbye and the watchdog's stop: zerolite.shutdown, registered once per process.
 
     [Note: orderly teardown] Training scripts (DeepSpeed's tutorials, Accelerate's examples)
-    end without `destroy_process_group()`. The group is then torn down during interpreter
-    finalization, after daemon threads were frozen, and a rank now and then aborted there
-    ("terminate called without an active exception", SIGABRT, exit -6) after training had
-    finished. atexit runs before finalization (LIFO: after the watchdog's own stop), so the
-    group's threads are joined while the interpreter is whole.
-    """
-    global _teardown_registered
-    if not _teardown_registered:
-        _teardown_registered = True
-        atexit.register(_destroy_default_group)
+    end without `destroy_process_group()`; torn down during interpreter finalization, the
+    group's threads would meet a half-dead interpreter."""
+    from zerolite import shutdown
 
-
-def _destroy_default_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as exc:  # exiting anyway: say it, never raise from atexit
-            logger.debug("destroy_process_group at exit failed: %s", exc)
+    shutdown.register()

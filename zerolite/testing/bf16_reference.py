@@ -12,6 +12,7 @@ the whole global batch.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn as nn
@@ -66,3 +67,18 @@ def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimiz
         losses.append(total / pieces)
     state = {name: m.detach().clone() for p, m in zip(params, masters) for name in names[p]}
     return losses, state
+
+
+def bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 numbers at |x|: 2^(e-7) for |x| in [2^e, 2^(e+1)) (8 significant
+    bits; torch.finfo(torch.bfloat16).eps is 2^-7, the spacing at 1)."""
+    if x == 0:
+        return torch.finfo(torch.bfloat16).tiny
+    return torch.finfo(torch.bfloat16).eps * 2.0 ** math.floor(math.log2(abs(x)))
+
+
+def bf16_atol(values, roundings: int) -> float:
+    """An absolute tolerance from the format: `roundings` bf16 ulps of the largest compared
+    value. Kernels of different CPUs (AVX-512-BF16 vs AVX2) round intermediate results
+    differently; each rounding on the path to a value may move it by one ulp."""
+    return roundings * max(bf16_ulp(float(v)) for v in values)

@@ -15,7 +15,6 @@ rank-0 evaluation) runs inside `with zerolite.watchdog.suspended():`; heartbeats
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import logging
@@ -25,7 +24,7 @@ import traceback
 
 from zerolite.comm.last_collective import set_phase
 from zerolite.errors import ZeroliteError
-from zerolite.watchdog.heartbeat import Watchdog, connect_store
+from zerolite.watchdog.heartbeat import Watchdog, store_client
 from zerolite.watchdog.judge import Settings
 
 logger = logging.getLogger("zerolite")
@@ -35,6 +34,7 @@ _ENV = {"heartbeat_timeout_s": "ZEROLITE_WATCHDOG_HEARTBEAT_S",
         "stall_step_factor": "ZEROLITE_WATCHDOG_STALL_FACTOR",
         "interval_s": "ZEROLITE_WATCHDOG_INTERVAL_S"}
 _ACTIVE: Watchdog | None = None
+_STARTS = 0
 
 
 def _env_number(name: str, default: float, minimum: float) -> float:
@@ -72,16 +72,20 @@ def resolve(extras) -> tuple[bool, Settings]:
 
 
 def start(extras, rank: int, world_size: int) -> Watchdog | None:
-    """Start this rank's watchdog (once per process; world size 1 needs none)."""
-    global _ACTIVE
+    """Start this rank's watchdog (one at a time per process; world size 1 needs none).
+
+    It talks through the default process group's store, whatever the init method was."""
+    global _ACTIVE, _STARTS
     enabled, settings = resolve(extras)
-    if _ACTIVE is not None or not enabled or world_size < 2 or "MASTER_PORT" not in os.environ:
+    if (_ACTIVE is not None and _ACTIVE.alive) or not enabled or world_size < 2:
         return _ACTIVE
+    _STARTS += 1  # a group destroyed and made again gets a watchdog with fresh keys
     prefix = (f"zerolite/watchdog/{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}/"
-              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
-    store = connect_store(timeout_s=max(settings.heartbeat_timeout_s / 2, 1.0))
-    _ACTIVE = Watchdog(store, rank, world_size, settings, prefix)
-    _install_exit_hooks(_ACTIVE)
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_STARTS}/")
+    store_timeout_s = max(settings.heartbeat_timeout_s / 2, 1.0)
+    _ACTIVE = Watchdog(store_client(store_timeout_s), rank, world_size, settings, prefix,
+                       store_timeout_s=store_timeout_s)
+    _install_exit_hooks()
     _ACTIVE.start()
     if rank == 0:
         logger.info("zerolite watchdog: heartbeat every %.3gs, hung after %.3gs without one or "
@@ -91,7 +95,16 @@ def start(extras, rank: int, world_size: int) -> Watchdog | None:
     return _ACTIVE
 
 
-def _install_exit_hooks(wd: Watchdog) -> None:
+_hook_installed = False
+
+
+def _install_exit_hooks() -> None:
+    """Once per process: an uncaught exception marks the active watchdog failed. The normal
+    end (goodbye, stop, destroy, in that order) is zerolite.shutdown's atexit handler."""
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
     previous = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
@@ -99,10 +112,10 @@ def _install_exit_hooks(wd: Watchdog) -> None:
         # and our thread ends this process even if a lingering thread would keep it alive.
         last = "".join(traceback.format_exception_only(exc_type, exc)).strip().splitlines()
         previous(exc_type, exc, tb)
-        wd.mark_failed(last[-1][:300] if last else exc_type.__name__)
+        if _ACTIVE is not None and _ACTIVE.alive:
+            _ACTIVE.mark_failed(last[-1][:300] if last else exc_type.__name__)
 
     sys.excepthook = excepthook
-    atexit.register(wd.stop)
 
 
 @contextlib.contextmanager

@@ -9,9 +9,18 @@ with os._exit(1): no atexit handler, no lingering non-daemon thread and no colle
 in C++ can keep it alive. A stopped rank cannot exit by itself; the zerolite launcher is
 told (SIGUSR1 to ZEROLITE_LAUNCHER_PID) and SIGKILLs what is left.
 
-[Note: out of band] The thread uses its own TCPStore client, never the process group: the
-process group is what is stuck when the watchdog is needed, and a second client connection
-keeps the thread off the store socket the main thread may be blocked on.
+[Note: out of band] The thread uses its own client of the default process group's store (a
+clone: its own connection), never the process group's collectives: the process group is what
+is stuck when the watchdog is needed, and a second client keeps the thread off the store socket
+the main thread may be blocked on. The group's own store works for every init method (env://,
+tcp://, file://, a store passed in): the watchdog needs no address of its own.
+[Note: joined at exit] A store call releases the GIL inside torch's C++ (pybind11's
+gil_scoped_release). If the interpreter finalizes while this daemon thread is in one, the
+thread calls pthread_exit when it takes the GIL back, the forced unwind meets the noexcept
+destructor of gil_scoped_release and std::terminate aborts the process ("terminate called
+without an active exception", exit -6) after the script has finished: issue 24, seen in a
+core dump in multi_get of `_judge_all`. So `stop` joins the thread; zerolite.shutdown calls it
+before the interpreter finalizes.
 [Note: two monitors] Only ranks 0 and 1 read all N beats (N small values per interval each);
 the others read one key. Two, so that a stopped monitor is still seen by the other.
 """
@@ -27,6 +36,7 @@ import threading
 import time
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from zerolite.comm.last_collective import RECORD
 from zerolite.watchdog.judge import Beat, Settings, judge
@@ -36,8 +46,10 @@ MONITORS = 2
 
 
 class Watchdog:
-    def __init__(self, store, rank: int, world_size: int, settings: Settings, prefix: str):
+    def __init__(self, store, rank: int, world_size: int, settings: Settings, prefix: str,
+                 store_timeout_s: float = 10.0):
         self.store, self.rank, self.world = store, rank, world_size
+        self.store_timeout_s = store_timeout_s
         self.settings, self.prefix = settings, prefix
         self.host = socket.gethostname()
         self.state = "running"
@@ -92,15 +104,26 @@ class Watchdog:
         self.publish()
         self._thread.start()
 
-    def stop(self) -> None:
-        """Normal end (also at exit): say so, so the others do not read silence as a hang."""
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> bool:
+        """Normal end (also at exit): join the thread (Note: joined at exit), then say so, so
+        the others do not read silence as a hang. False if the thread did not end in time."""
         if self.state == "running":
             self.state = "done"
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            # One store call at most is in flight; it ends within the store timeout.
+            self._thread.join(self.store_timeout_s + 2 * self.settings.interval_s + 5.0)
+            if self._thread.is_alive():
+                return False
         try:
             self.publish()
         except Exception:  # noqa: BLE001 - the store may be gone at exit; nothing to report
             pass
+        return True
 
     def mark_failed(self, error: str) -> None:
         """This rank raised: publish the verdict itself (the others exit at their next beat)."""
@@ -119,6 +142,9 @@ class Watchdog:
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.settings.interval_s):
+            if not dist.is_initialized():  # the script destroyed the group: nothing to watch
+                self._retire()
+                return
             try:
                 verdict = self.tick()
             except Exception as e:  # noqa: BLE001 - store trouble: judged by its duration
@@ -126,8 +152,18 @@ class Watchdog:
             if verdict is not None:
                 self.fire(verdict)
 
+    def _retire(self) -> None:
+        if self.state == "running":
+            self.state = "done"
+        try:
+            self.publish()
+        except Exception:  # noqa: BLE001 - the group's store may have gone with it
+            pass
+
     def tick(self) -> str | None:
         self.publish()
+        if self._stop.is_set():  # stopping: leave the store at once (stop() is joining us)
+            return None
         verdict = self._read_verdict()
         if verdict is None and self.rank < MONITORS:
             verdict = self._judge_all()
@@ -187,9 +223,12 @@ class Watchdog:
             os._exit(EXIT_CODE)
 
 
-def connect_store(timeout_s: float):
-    """A fresh client of the rendezvous TCPStore (torchrun's agent store, or rank 0's)."""
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ["MASTER_PORT"])
-    return dist.TCPStore(host, port, None, False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+def store_client(timeout_s: float):
+    """The watchdog thread's own client of the default process group's store (Note: out of
+    band), with its own timeout. torch < 2.5 has no Store.clone: the group's client is shared."""
+    store = distributed_c10d._get_default_store()
+    if not hasattr(store, "clone"):
+        return store
+    client = store.clone()
+    client.set_timeout(datetime.timedelta(seconds=timeout_s))
+    return client
