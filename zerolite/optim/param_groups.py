@@ -58,11 +58,48 @@ def adopt_client_optimizer(client: torch.optim.Optimizer,
         raise ZeroliteConfigError(
             f"initialize(optimizer=...): the optimizer has {len(client.param_groups)} param "
             f"groups but {len(masters_by_group)} were sharded")
-    if client.state:
+    initial = [_initial_state(client.state, group["params"]) for group in client.param_groups]
+    if client.state and not all(t is not None for t in initial):
         logger.warning("zerolite: initialize(optimizer=...): the optimizer already has state "
                        "for %d parameters (it was stepped); it starts afresh on the shards",
                        len(client.state))
-    for group, masters in zip(client.param_groups, masters_by_group):
+    fresh = defaultdict(dict)
+    for group, masters, template in zip(client.param_groups, masters_by_group, initial):
         group["params"] = list(masters)
-    client.state = defaultdict(dict)
+        for master in masters if template else ():
+            fresh[master] = {k: (v.clone() if v.dim() == 0 else torch.full_like(master, v.item()))
+                             if isinstance(v, torch.Tensor) else v for k, v in template.items()}
+    client.state = fresh
     return client
+
+
+def _initial_state(state, params) -> dict | None:
+    """The state an optimizer made in its constructor for `params`, as one template, or None.
+
+    [Note: state made in __init__] Some optimizers create per-parameter state eagerly (torch
+    2.11's Adagrad: `sum` filled with initial_accumulator_value, `step` 0) and later expect it
+    in step(). Such state is the same constant for every parameter of a group, so it is
+    rebuilt for each master shard; state that a step changed is not (it is dropped)."""
+    entries = [state[p] for p in params if p in state]
+    if not entries or len(entries) != len(params):
+        return None
+    template = {}
+    for key, value in entries[0].items():
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().reshape(-1)
+            if flat.numel() == 0 or not torch.all(flat == flat[0]):
+                return None
+            if key == "step" and float(flat[0]) != 0:
+                return None
+            template[key] = flat[0].clone() if value.dim() == 0 else flat[:1].clone()
+        else:
+            template[key] = value
+    for entry in entries:
+        if entry.keys() != template.keys():
+            return None
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and not torch.all(
+                    value.detach().reshape(-1) == template[key].reshape(-1)[0]):
+                return None
+    return {k: (v.reshape(()) if isinstance(v, torch.Tensor) and k == "step" else v)
+            for k, v in template.items()}
