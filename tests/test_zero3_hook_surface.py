@@ -16,7 +16,7 @@ from zerolite.models import GPT, GPTConfig
 from zerolite.testing.multiprocess import run_ranks
 from zerolite.testing.reference import train_engine, train_reference
 from zerolite.zero import GatheredParameters, Init
-from zerolite.zero.param_status import ZeroParamStatus
+from zerolite.zero.param_status import ZeroParamStatus, ZeroParamType
 
 from gpt_cases import CLIP, adamw, batches, ds_config, reference_run, tiny_gpt
 
@@ -260,11 +260,67 @@ def test_custom_function_saving_a_param_reads_ds_status_in_backward():
     assert out["init"] == ["NOT_AVAILABLE", "AVAILABLE", "NOT_AVAILABLE"]
 
 
-@pytest.mark.parametrize("name", ["ZeroParamStatus"])
-def test_compat_exports_zero_param_status(name):
+def test_compat_exports_zero_param_status_and_type():
     from zerolite.compat.deepspeed import zero
     from zerolite.compat.deepspeed.runtime.zero import partition_parameters
 
-    assert getattr(partition_parameters, name) is ZeroParamStatus
-    assert getattr(zero, name) is ZeroParamStatus
+    for enum_type in (ZeroParamStatus, ZeroParamType):
+        assert getattr(partition_parameters, enum_type.__name__) is enum_type
+        assert getattr(zero, enum_type.__name__) is enum_type
     assert [s.value for s in ZeroParamStatus] == [1, 2, 3]  # DeepSpeed's values
+    assert [(t.name, t.value) for t in ZeroParamType] == [
+        ("NORMAL", 1), ("PARTITIONED", 2), ("REMOTE", 3)]
+    engine_types, init_types = run_ranks(_param_types, 1)[0]
+    assert engine_types == init_types == {ZeroParamType.PARTITIONED}
+
+
+def _param_types(rank, world):
+    with Init():
+        inside = tiny_gpt()
+    engine, *_ = zerolite.initialize(model=tiny_gpt(), config=ds_config(world, stage=3))
+    return ({p.ds_param_type for p in engine.module.parameters()},
+            {p.ds_param_type for p in inside.parameters()})
+
+
+# -- DeepSpeed's own unwrap_model_for_generation (deepspeed.zero / runtime.zero.stage3) ------
+def _deepspeed_unwrap(rank, world):
+    from zerolite.compat.deepspeed import zero as ds_zero
+
+    engine, *_ = zerolite.initialize(model=tiny_gpt(), config=ds_config(world, stage=3))
+    offload = engine.optimizer.parameter_offload
+    losses = train_engine(engine, batches(2), rank, world)
+    x = batches(1)[0][0][:2]
+    out = {}
+    with ds_zero.unwrap_model_for_generation(engine) as unwrapped:
+        gathers = engine.sharded.stats.current.gathers
+        out["same"] = unwrapped is engine
+        out["inside"] = _statuses(engine.module.parameters())
+        out["hooks_inside"] = sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
+                                  for m in engine.module.modules())
+        with torch.no_grad():
+            out["logits"] = [unwrapped(x) for _ in range(3)][-1]
+        out["gathers_inside"] = engine.sharded.stats.current.gathers - gathers
+    out["after"] = _statuses(engine.module.parameters())
+    out["numel_after"] = sum(p.numel() for p in engine.module.parameters())
+    out["hooks_after"] = (len(offload.forward_hooks), len(offload.backward_hooks))
+    losses += train_engine(engine, batches(4)[2:], rank, world)
+    try:
+        with ds_zero.unwrap_model_for_generation(engine.module):
+            pass
+        out["plain_module"] = None
+    except ZeroliteConfigError as e:
+        out["plain_module"] = str(e)
+    return losses, out
+
+
+def test_deepspeed_unwrap_model_for_generation_gathers_once_and_training_goes_on():
+    ref_losses, _ = reference_run(4)
+    losses, out = run_ranks(_deepspeed_unwrap, 2)[0]
+    assert out["same"] and out["inside"] == ["AVAILABLE"] and out["hooks_inside"] == 0
+    assert out["gathers_inside"] == 0  # three forwards, not one gather
+    torch.testing.assert_close(out["logits"], _plain_logits(2, batches(1)[0][0][:2]),
+                               rtol=1e-5, atol=1e-5)
+    assert out["after"] == ["NOT_AVAILABLE"] and out["numel_after"] == 0
+    assert out["hooks_after"] == (6, 6)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    assert "expected the engine deepspeed.initialize returned, got GPT" in out["plain_module"]

@@ -24,6 +24,8 @@ them twice.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch.nn as nn
 
 from zerolite.errors import ZeroliteConfigError, ZeroliteStateError
@@ -171,6 +173,17 @@ class ParameterOffload:
             if not coordinator.is_invalid_trace():
                 coordinator._invalidate_trace()
         self._hook_units(units)
+
+    @contextmanager
+    def unhooked(self):
+        """Every unit's module hooks removed inside, re-registered after (DeepSpeed's
+        `unwrap_model_for_generation` does the same around `generate`): with the units gathered
+        by the caller, a forward inside runs no gather, release or prefetch."""
+        self._remove_module_hooks()
+        try:
+            yield self.module
+        finally:
+            self._register_deepspeed_module(self.module)
 
     def _remove_module_hooks(self) -> None:
         """Remove every unit's module hooks (DeepSpeed's destroy path)."""
