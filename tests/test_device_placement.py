@@ -63,19 +63,19 @@ def _init_then_place(rank, world):
     for p, old in zip(model.parameters(), before):
         info = p.zl_partitioned
         out.append((torch.equal(info.local, old.double()), info.local.dtype, info.local.numel(),
-                    p.ds_tensor is info.local, p.dtype, tuple(p.shape), p.stride(),
+                    p.ds_tensor is info.local, p.dtype, tuple(p.ds_shape), p.numel(),
                     p.untyped_storage().nbytes()))
     return out
 
 
 def test_move_module_moves_zero_init_slices_not_placeholders():
-    # The slice moves with its values; the stride-0 placeholder stays one element (a
-    # full-size copy on the device is what module.to() would make of it).
+    # The slice moves with its values; the parameter's own data stays empty (module.to()
+    # would move the empty tensor and leave the slice behind).
     for rank_out in run_ranks(_init_then_place, 2):
-        for same_values, local_dtype, numel, same, dtype, shape, stride, nbytes in rank_out:
+        for same_values, local_dtype, numel, same, dtype, shape, p_numel, nbytes in rank_out:
             assert same_values and same and local_dtype == dtype == torch.float64
             assert numel == -(-torch.Size(shape).numel() // 2)
-            assert all(s == 0 for s in stride) and nbytes == 8
+            assert p_numel == 0 and nbytes == 0
 
 
 def test_no_grads_norm_lives_on_the_given_device():

@@ -21,8 +21,8 @@ def _train_built_in_init(rank, world):
         model = tiny_gpt()
     infos = {n: p.zl_partitioned for n, p in model.named_parameters()}
     slices_ok = all(i is not None and i.local.numel() == -(-i.numel // world)
-                    and p.shape == i.shape for (n, p), i in zip(model.named_parameters(),
-                                                                  infos.values()))
+                    and p.numel() == 0 and p.ds_shape == i.shape
+                    for (n, p), i in zip(model.named_parameters(), infos.values()))
     engine, *_ = zerolite.initialize(model=model, config=ds_config(world, stage=3))
     dropped = all(getattr(p, "zl_partitioned", None) is None for p in model.parameters())
     losses = train_engine(engine, batches(), rank, world)
@@ -33,7 +33,8 @@ def _train_built_in_init(rank, world):
 def test_init_then_initialize_matches_reference(world):
     ref_losses, ref_params = reference_run()
     losses, params, slices_ok, dropped = run_ranks(_train_built_in_init, world)[0]
-    assert slices_ok, "each param keeps a ceil(numel/world) slice and reports its full shape"
+    assert slices_ok, "each param keeps a ceil(numel/world) slice, has 0 elements (as under " \
+        "DeepSpeed) and reports its full shape in ds_shape"
     assert dropped, "the engine owns the values once built; the Init slices are freed"
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     for name, value in ref_params.items():
@@ -132,3 +133,82 @@ def test_init_patches_and_restores():
     assert not_early, "a base class's __init__ returning must not partition yet"
     assert shape == torch.Size([5, 3])
     assert after is None and not disabled
+
+
+# -- 0-element partitioned params, meta-device modules, OnDevice ------------------------------
+def _numel_outside_inside_after(rank, world):
+    from zerolite.zero import GatheredParameters
+
+    with zerolite.zero.Init():
+        model = tiny_gpt()
+    params = list(model.parameters())
+    outside = sum(p.numel() for p in params)
+    with GatheredParameters(params):
+        inside = sum(p.numel() for p in params)
+        shapes_ok = all(tuple(p.shape) == tuple(p.ds_shape) for p in params)
+    return outside, inside, sum(p.numel() for p in params), shapes_ok
+
+
+def test_partitioned_params_have_no_elements_outside_gathered_parameters():
+    full = sum(p.numel() for p in tiny_gpt().parameters())
+    outside, inside, after, shapes_ok = run_ranks(_numel_outside_inside_after, 2)[0]
+    assert (outside, inside, after) == (0, full, 0) and shapes_ok
+
+
+def _meta_built_then_loaded(rank, world):
+    from zerolite.zero import GatheredParameters
+
+    _, start_state = reference_run(0)  # the weights the reference run starts from
+    with zerolite.zero.Init():
+        with torch.device("meta"):
+            model = tiny_gpt()
+        on_meta = all(p.is_meta for p in model.parameters())
+        model.to_empty(device="cpu")
+        # to_empty gives each meta parameter a new Parameter, which unties shared weights (in
+        # plain torch too); re-tie as Transformers' tie_weights() does.
+        model.lm_head.weight = model.tok_emb.weight
+    params = list(model.parameters())
+    partitioned = all(p.numel() == 0 and not p.is_meta for p in params)
+    with GatheredParameters(params, modifier_rank=0):
+        if rank == 0:
+            model.load_state_dict(start_state)
+    engine, *_ = zerolite.initialize(model=model, config=ds_config(world, stage=3))
+    return on_meta, partitioned, train_engine(engine, batches(), rank, world)
+
+
+def test_meta_module_materialised_inside_init_is_partitioned_and_trains_like_reference():
+    ref_losses, _ = reference_run()
+    on_meta, partitioned, losses = run_ranks(_meta_built_then_loaded, 2)[0]
+    assert on_meta and partitioned
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+
+
+def test_initialize_refuses_meta_parameters_by_name():
+    with torch.device("meta"):
+        model = tiny_gpt()
+    with pytest.raises(zerolite.errors.ZeroliteConfigError, match=r"meta device.*to_empty"):
+        zerolite.initialize(model=model, config=ds_config(1, stage=3))
+
+
+def test_on_device_builds_on_the_device_in_the_dtype_and_only_inside():
+    from zerolite.compat import deepspeed
+    from zerolite.device.on_device import OnDevice
+
+    assert deepspeed.OnDevice is OnDevice and deepspeed.utils.OnDevice is OnDevice
+    with OnDevice(dtype=torch.float16, device="meta"):
+        meta = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3), nn.LayerNorm(3))
+        index = torch.zeros(2, dtype=torch.long)
+        named = torch.ones(2, device="cpu")
+    assert {(p.device.type, p.dtype) for p in meta.parameters()} == {("meta", torch.float16)}
+    assert index.dtype == torch.long and index.is_meta  # integers keep their dtype
+    assert named.device.type == "cpu"  # a device the call names wins
+    with OnDevice(dtype=torch.bfloat16, device="cpu"):
+        bf16 = nn.Linear(4, 3)
+    assert {(p.device.type, p.dtype) for p in bf16.parameters()} == {("cpu", torch.bfloat16)}
+    with OnDevice(dtype=torch.float16, enabled=False):
+        plain = nn.Linear(4, 3)
+    after = nn.Linear(4, 3)
+    assert {(p.device.type, p.dtype) for p in [*plain.parameters(), *after.parameters()]} == {
+        ("cpu", torch.float32)}
+    with pytest.raises(TypeError, match="floating-point"):
+        OnDevice(dtype=torch.int8)

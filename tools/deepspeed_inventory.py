@@ -101,14 +101,7 @@ INTERNAL: dict[str, list[tuple[str, str]]] = {
 """module -> [(regular expression matching whole names, why they are internal)], first match
 wins."""
 
-_ITEM4 = ("issue 23 item 4, not built yet: partitioned params as 0-element tensors, "
-          "zero.Init on meta-device params, deepspeed.OnDevice")
-PENDING: dict[str, dict[str, str]] = {
-    "deepspeed": {"OnDevice": _ITEM4},
-    "deepspeed.utils": {"OnDevice": _ITEM4},
-    "deepspeed.zero": {"ZeroParamType": _ITEM4, "unwrap_model_for_generation": _ITEM4},
-    "deepspeed.runtime.zero.partition_parameters": {"ZeroParamType": _ITEM4},
-}
+PENDING: dict[str, dict[str, str]] = {}
 """Names another open work item adds: listed by name, so nothing else can hide here."""
 
 

@@ -49,6 +49,13 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
                                   f"{type(model).__name__}")
     if mpu is not None:
         raise ZeroliteConfigError("initialize(mpu=...): model parallelism is not supported")
+    on_meta = [name for name, p in model.named_parameters() if p.is_meta]
+    if on_meta:
+        raise ZeroliteConfigError(
+            f"initialize(model=...): {len(on_meta)} parameter(s) are on the meta device and hold "
+            f"no values ({', '.join(on_meta[:5])}{', ...' if len(on_meta) > 5 else ''}); "
+            "materialise them first (module.to_empty(device=...) and load or initialise the "
+            "weights; inside zero.Init, to_empty also partitions them)")
     if config is not None and config_params is not None:
         raise ZeroliteConfigError("initialize(): pass the config once, as config= or "
                                   "config_params=, not both")

@@ -1,10 +1,9 @@
 """Moving a user's module onto the engine's device, as `deepspeed.initialize` does.
 
-[Note: not `module.to(device)`] Under `zero.Init` a parameter's `.data` is a stride-0
-placeholder and its values live in `p.zl_partitioned.local` (this rank's slice);
-`module.to()` would materialise the placeholder at full size on the device and leave the
-slice behind. We move the slice and rebuild the one-element placeholder there instead,
-and keep the user's Parameter objects (only `.data` changes).
+[Note: not `module.to(device)`] Under `zero.Init` a parameter's `.data` has 0 elements and
+its values live in `p.zl_partitioned.local` (this rank's slice); `module.to()` would move
+the empty tensor and leave the slice behind. We move the slice (and the empty `.data` with
+it), and keep the user's Parameter objects (only `.data` changes).
 """
 from __future__ import annotations
 
@@ -33,11 +32,7 @@ def move_module(module: nn.Module, move) -> nn.Module:
                 local = move(info.local)
                 if local is not info.local:
                     info.local = p.ds_tensor = local
-                    if info.gathered:  # inside GatheredParameters: the full value is real
-                        p.data = move(p.data)
-                    else:
-                        one = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device)
-                        p.data = move(one).expand(info.shape)
+                    p.data = move(p.data)  # the full value inside GatheredParameters, else empty
             if p.grad is not None:
                 grad = move(p.grad)
                 if grad is not p.grad:

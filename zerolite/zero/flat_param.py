@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from zerolite.comm.collectives import broadcast
 from zerolite.zero.buffer_pool import BufferPool
-from zerolite.zero.sliced_param import copy_full_value
+from zerolite.zero.sliced_param import copy_full_value, full_shape
 from zerolite.zero.shard_math import rank_range, shard_numel
 
 
@@ -57,8 +57,9 @@ class FlatParam:
         device = params[0][1].device
         slots, offset = [], 0
         for names, p in params:
-            slots.append(ParamSlot(tuple(names), tuple(p.shape), offset, p.numel()))
-            offset += p.numel()
+            shape = full_shape(p)  # a zero.Init parameter's own shape is (0,)
+            slots.append(ParamSlot(tuple(names), tuple(shape), offset, shape.numel()))
+            offset += shape.numel()
         self.slots: list[ParamSlot] = slots
         self.numel = offset
         self.shard_numel = shard_numel(offset, partitions)

@@ -34,7 +34,10 @@ class Init:
     `config_dict_or_path` / `config`, `remote_device`, `pin_memory`: accepted and ignored
     (logged). `dtype`: store the slices in this dtype; by default they keep the parameters'
     dtype so the engine builds fp32 masters from the original values (DESIGN: numerics).
-    `enabled=False` makes the context a no-op. Nested contexts act as one.
+    `enabled=False` makes the context a no-op. Nested contexts act as one. A module built on
+    the meta device (`device="meta"`, `torch.nn.utils.skip_init`) is partitioned when
+    `to_empty` materialises it inside the context; the values are rank 0's (uninitialised
+    memory, as after to_empty anywhere) until the user loads or initialises them.
 
     After the context: `peak_param_bytes` is the most parameter memory that was alive at the
     end of any module's `__init__` (every slice kept so far plus the module's full params
@@ -92,8 +95,10 @@ class Init:
         return False
 
     def _partition_module(self, module: nn.Module) -> None:
+        # Meta parameters hold nothing: they are partitioned when `to_empty` gives them
+        # storage (module_patching.py), as DeepSpeed does for torch.nn.utils.skip_init.
         todo = [p for p in module.parameters() if not is_partitioned(p)
-                and not hasattr(p, "zl_handle")]
+                and not hasattr(p, "zl_handle") and not p.is_meta]
         if not todo:
             return
         pending = sum(p.untyped_storage().nbytes() for p in

@@ -10,11 +10,15 @@ partitioned model plus one module's full parameters.
 [Note: parent-level initialisation] Children are partitioned before their parent's
 `__init__` finishes, so a parent that re-initialises its children's weights (the usual
 `self.apply(self._init_weights)`, or `nn.init.normal_(child.weight)`) would act on
-placeholders. As DeepSpeed does for `Module.apply`, we wrap `Module.apply` and the
+empty tensors. As DeepSpeed does for `Module.apply`, we wrap `Module.apply` and the
 `torch.nn.init` functions: a partitioned parameter is gathered for the call, the result is
 broadcast from rank 0 and re-partitioned. The model then ends up bit-identical to one built
 without the context from the same seed. Other writes (e.g. `p.data.copy_(...)` in a parent)
 need `GatheredParameters(params, modifier_rank=0)`, as in DeepSpeed.
+
+[Note: meta modules] A module built on the meta device (`torch.nn.utils.skip_init`, or
+`device="meta"`) has nothing to partition when its `__init__` returns; `Module.to_empty` is
+wrapped so the parameters are partitioned once it gives them storage.
 
 A context is anything with `_depth: dict[int, int]` and `_partition_module(module)` (see
 init.py); `activate` / `deactivate` patch on the first and restore on the last.
@@ -136,6 +140,19 @@ def _patch_globals() -> None:
 
     nn.Module.apply = apply
 
+    orig_to_empty = nn.Module.to_empty
+    _PATCHED["to_empty"] = orig_to_empty
+
+    @functools.wraps(orig_to_empty)
+    def to_empty(self, *args, **kwargs):
+        result = orig_to_empty(self, *args, **kwargs)
+        ctx = _current()
+        if ctx is not None:  # meta parameters now have storage: partition them
+            ctx._partition_module(self)
+        return result
+
+    nn.Module.to_empty = to_empty
+
     _PATCHED["init_fns"] = {}
     for name in _INIT_FNS:
         orig = getattr(torch.nn.init, name, None)
@@ -164,5 +181,6 @@ def _unpatch_globals() -> None:
     else:
         nn.Module.__init_subclass__ = sub
     nn.Module.apply = _PATCHED.pop("apply")
+    nn.Module.to_empty = _PATCHED.pop("to_empty")
     for name, fn in _PATCHED.pop("init_fns").items():
         setattr(torch.nn.init, name, fn)

@@ -5,7 +5,7 @@ reading it (TRL's fused loss: `if p.ds_status != ZeroParamStatus.AVAILABLE: gath
 
     AVAILABLE      the full value is in `p.data` (the unit is gathered; a zero.Init parameter
                    inside GatheredParameters)
-    NOT_AVAILABLE  only this rank's shard exists (`p.data` is a placeholder)
+    NOT_AVAILABLE  only this rank's shard exists (`p.data` has 0 elements)
     INFLIGHT       its all-gather has been issued and not waited for yet (a prefetch)
 
 The status is an attribute written at every transition (unit.py for engine parameters,
@@ -21,6 +21,14 @@ class ZeroParamStatus(enum.Enum):
     AVAILABLE = 1
     NOT_AVAILABLE = 2
     INFLIGHT = 3
+
+
+class ZeroParamType(enum.Enum):
+    """DeepSpeed's `param.ds_param_type`: every parameter zero.Init or the engine partitions is
+    PARTITIONED; NORMAL and REMOTE exist for code that compares against them."""
+    NORMAL = 1
+    PARTITIONED = 2
+    REMOTE = 3
 
 
 def mark(params, status: ZeroParamStatus) -> None:

@@ -25,6 +25,7 @@ from zerolite.zero.flat_param import FlatParam
 from zerolite.zero.hooks import install_grad_hooks
 from zerolite.zero.leaf_modules import apply_leaf_module_config, tag_leaf_parameters
 from zerolite.zero.module_hooks import ParameterOffload
+from zerolite.zero.param_status import ZeroParamType
 from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
 from zerolite.zero.grad_reduction import GradReduction
 from zerolite.zero.residency import Residency
@@ -153,6 +154,7 @@ class ShardedModel:
                 for i, (p, slot) in enumerate(zip(flat.params, flat.slots)):
                     p.zl_handle = ParamHandle(self, unit, flat, i)
                     p.ds_id, p.ds_shape, p.ds_numel = ds_id, torch.Size(slot.shape), slot.numel
+                    p.ds_param_type = ZeroParamType.PARTITIONED
                     ds_id += 1
 
     @staticmethod

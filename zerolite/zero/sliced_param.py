@@ -1,17 +1,18 @@
 """Per-parameter slices for `zero.Init`: split, gather and release ONE parameter.
 
 A partitioned parameter carries `p.zl_partitioned` (PartitionInfo) and DeepSpeed's
-`p.ds_shape`, `p.ds_numel`, `p.ds_id`, `p.ds_status` (param_status.py) and `p.ds_tensor`
+`p.ds_shape`, `p.ds_numel`, `p.ds_id`, `p.ds_status`, `p.ds_param_type` (param_status.py) and
+`p.ds_tensor`
 (the local slice): this rank's contiguous slice of the flattened value, `ceil(numel / world)`
 elements, zero padded on the last rank (the split of shard_math.py).
 
-[Note: full-shaped placeholder, not the 1-D slice] DeepSpeed swaps `p.data` for an empty
-tensor, so `p.shape` lies and every consumer must read `ds_shape`. We keep the slice in
-`ds_tensor` and set `p.data` to a zero-stride NaN tensor of the FULL shape (one element of
-storage): `p.shape`, `p.numel()` and everything that lays out parameters (FlatParam slots,
-checkpoint layouts) stay correct, and a stray use is loud — in-place writes raise ("more than
-one element of the written-to tensor refers to a single memory location") and a forward
-outside GatheredParameters produces NaN.
+[Note: 0-element data, as DeepSpeed] Outside GatheredParameters a partitioned parameter's
+`.data` is an empty tensor (`p.numel() == 0`, `p.shape == (0,)`), exactly as under DeepSpeed:
+code written for DeepSpeed decides "must I gather this?" by `p.numel() == 0` or `ds_status`,
+and reads sizes from `p.ds_shape` / `p.ds_numel`. The slice lives in `ds_tensor`. Everything in
+zerolite that lays out parameters (FlatParam slots) asks `full_shape(p)`, never `p.shape`.
+A stray read outside the context fails loudly (a shape mismatch), it cannot compute with
+stale values.
 
 `copy_full_value` is what FlatParam calls to read a parameter's value when the engine is
 built: a plain copy for ordinary parameters, an all-gather of the slices for partitioned ones.
@@ -26,7 +27,7 @@ import torch.nn as nn
 
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.errors import ZeroliteConfigError
-from zerolite.zero.param_status import ZeroParamStatus
+from zerolite.zero.param_status import ZeroParamStatus, ZeroParamType
 from zerolite.zero.shard_math import rank_range, shard_numel
 
 
@@ -83,8 +84,16 @@ def _all_gather_slices(local: torch.Tensor, world: int) -> torch.Tensor:
     return out if dev == local.device else out.to(local.device)
 
 
-def _placeholder(p: torch.Tensor, shape) -> torch.Tensor:
-    return torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(shape)
+def released_data(like: torch.Tensor) -> torch.Tensor:
+    """What a partitioned parameter's `.data` is outside GatheredParameters: 0 elements, of
+    the parameter's dtype, on the slice's device."""
+    return torch.empty(0, dtype=like.dtype, device=like.device)
+
+
+def full_shape(p: torch.Tensor) -> torch.Size:
+    """The shape `p` has when gathered (its `.shape` is `(0,)` while partitioned)."""
+    info = getattr(p, "zl_partitioned", None)
+    return p.shape if info is None else info.shape
 
 
 # -- partition / gather / release of one parameter ------------------------------------------
@@ -101,10 +110,11 @@ def partition_param(p: nn.Parameter, dtype: torch.dtype | None = None,
     info.local = torch.zeros(info.shard_numel, dtype=dtype or p.dtype, device=device)
     info.keep_local_part(full)
     local = info.local
-    p.data = _placeholder(local, info.shape)
+    p.data = released_data(local)
     p.zl_partitioned = info
     p.ds_shape, p.ds_numel, p.ds_tensor = info.shape, info.numel, local
     p.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    p.ds_param_type = ZeroParamType.PARTITIONED
     if not hasattr(p, "ds_id"):
         p.ds_id = ds_id
     return local.numel() * local.element_size()
@@ -137,7 +147,7 @@ def release_partitioned(p: nn.Parameter, modifier_rank: int | None) -> None:
         info.keep_local_part(value)
     info.gathered -= 1
     if info.gathered == 0:
-        p.data = _placeholder(info.local, info.shape)
+        p.data = released_data(info.local)
         p.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 

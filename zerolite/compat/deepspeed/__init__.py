@@ -18,6 +18,7 @@ from zerolite.compat.deepspeed.runtime.config import MUON_OPTIMIZER  # noqa: F40
 from zerolite.compat.deepspeed.runtime.engine import (  # noqa: F401
     DeepSpeedOptimizerCallable, DeepSpeedSchedulerCallable,
 )
+from zerolite.compat.deepspeed.utils.init_on_device import OnDevice  # noqa: F401
 from zerolite.compat.deepspeed.utils.logging import log_dist, logger  # noqa: F401
 from zerolite.config.core import read_config_source as load_ds_config  # noqa: F401
 from zerolite.engine import ZeroEngine as DeepSpeedEngine
@@ -46,7 +47,7 @@ add_tuning_arguments = refused_function("deepspeed.add_tuning_arguments", "the a
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "checkpointing",
            "DeepSpeedEngine", "DeepSpeedFeatureNotSupported", "DeepSpeedConfig",
-           "DeepSpeedConfigError", "init_inference", "tp_model_init",
+           "DeepSpeedConfigError", "OnDevice", "init_inference", "tp_model_init",
            "PipelineModule", "__version__", *_SUBMODULES]
 
 

@@ -9,6 +9,7 @@ from zerolite.compat.deepspeed.utils.groups import (  # noqa: F401
     get_model_parallel_rank, get_model_parallel_world_size, get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
+from zerolite.compat.deepspeed.utils.init_on_device import OnDevice  # noqa: F401
 from zerolite.compat.deepspeed.utils.logging import (  # noqa: F401
     log_dist, log_dist_once, logger, set_log_level_from_string,
 )
@@ -30,7 +31,7 @@ from zerolite.compat.deepspeed.utils.z3_leaf_module import (  # noqa: F401
 # shadows the submodule of the same name, which stays importable by its full path).
 
 
-__all__ = ["logger", "log_dist", "logging", "groups", "zero_to_fp32", "tensor_fragment",
+__all__ = ["logger", "log_dist", "logging", "groups", "zero_to_fp32", "tensor_fragment", "OnDevice",
            *tensor_fragment.__all__, *_leaf.__all__]
 
 from zerolite.compat.deepspeed._refused_names import refused_stubs  # noqa: E402

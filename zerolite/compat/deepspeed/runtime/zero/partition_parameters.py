@@ -1,5 +1,5 @@
 """`deepspeed.runtime.zero.partition_parameters`: Init, GatheredParameters, ZeroParamStatus (the
-values of `param.ds_status`, which TRL checks) and the hooks Transformers patches around
+values of `param.ds_status`, which TRL checks), ZeroParamType (`param.ds_param_type`) and the hooks Transformers patches around
 `zero.Init`."""
 import torch
 
@@ -7,7 +7,7 @@ from zerolite.compat.deepspeed.accelerator import get_accelerator  # noqa: F401
 from zerolite.zero import (  # noqa: F401
     GatheredParameters, Init, register_external_parameter, unregister_external_parameter,
 )
-from zerolite.zero.param_status import ZeroParamStatus  # noqa: F401
+from zerolite.zero.param_status import ZeroParamStatus, ZeroParamType  # noqa: F401
 
 _orig_torch_arange = torch.arange
 _orig_torch_empty = torch.empty
@@ -24,6 +24,6 @@ def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_devi
     return fn
 
 
-__all__ = ["Init", "GatheredParameters", "ZeroParamStatus", "register_external_parameter",
+__all__ = ["Init", "GatheredParameters", "ZeroParamStatus", "ZeroParamType", "register_external_parameter",
            "unregister_external_parameter",
            "zero_wrapper_for_fp_tensor_constructor", "get_accelerator"]
