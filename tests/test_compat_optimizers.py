@@ -60,3 +60,58 @@ def test_deepspeed_optimizer_class_matches_its_torch_update(name):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     for key, value in ref_params.items():
         torch.testing.assert_close(params[key], value, rtol=1e-5, atol=1e-5, msg=key)
+
+
+# -- the class a config's optimizer.type builds (DeepSpeed's _configure_basic_optimizer) ------
+CONFIG_CLASSES = [  # (type, extra params, offload_optimizer?, class initialize returns)
+    ("Adam", {}, False, FusedAdam), ("AdamW", {}, False, FusedAdam),
+    ("Adam", {}, True, DeepSpeedCPUAdam), ("AdamW", {}, True, DeepSpeedCPUAdam),
+    ("Adam", {"torch_adam": True}, False, torch.optim.AdamW),
+    ("Adam", {"torch_adam": True, "adam_w_mode": False}, True, torch.optim.Adam),
+    ("Adagrad", {}, False, torch.optim.Adagrad), ("Adagrad", {}, True, DeepSpeedCPUAdagrad),
+    ("Lion", {}, False, FusedLion), ("Lion", {}, True, DeepSpeedCPULion),
+]
+
+
+def _config_optimizer_classes(rank, world):
+    out = []
+    for stage in (0, 1, 2, 3):
+        for type_name, extra, offload, _ in CONFIG_CLASSES:
+            if offload and stage == 0:
+                continue  # offload needs ZeRO (as in DeepSpeed)
+            config = ds_config(world, stage=stage)
+            config["optimizer"] = {"type": type_name, "params": {"lr": 1e-3, **extra}}
+            if offload:
+                config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+            engine, optimizer, *_ = zerolite.initialize(model=tiny_gpt(), config=config)
+            out.append((stage, type_name, tuple(extra), offload, type(optimizer),
+                        optimizer is engine.optimizer,
+                        [g.get("decoupled_weight_decay") for g in optimizer.param_groups]))
+    return out
+
+
+def test_config_optimizer_is_the_class_deepspeed_builds():
+    expected = {(t, tuple(e), o): cls for t, e, o, cls in CONFIG_CLASSES}
+    for stage, type_name, extra, offload, cls, same, decoupled in run_ranks(
+            _config_optimizer_classes, 1)[0]:
+        where = (stage, type_name, extra, offload)
+        assert cls is expected[(type_name, extra, offload)], where
+        assert same, where
+        if type_name in ("Adam", "AdamW"):  # AdamW maths unless adam_w_mode is false
+            assert set(decoupled) == {"adam_w_mode" not in extra}, where
+
+
+def test_config_adam_trains_like_torch_adamw():
+    """The switch from torch.optim.AdamW to FusedAdam for a config "Adam" changes nothing."""
+    ref = train_reference(tiny_gpt(), batches(STEPS), lambda ps: torch.optim.AdamW(
+        ps, lr=3e-3, weight_decay=0.1), clip=0.0)[0]
+    losses = run_ranks(_config_adam, 2)[0]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=0)
+
+
+def _config_adam(rank, world):
+    config = ds_config(world, stage=3, gradient_clipping=0.0)
+    config["optimizer"] = {"type": "Adam", "params": {"lr": 3e-3, "weight_decay": 0.1}}
+    engine, optimizer, *_ = zerolite.initialize(model=tiny_gpt(), config=config)
+    assert isinstance(optimizer, FusedAdam)
+    return train_engine(engine, batches(STEPS), rank, world)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import zerolite
+from zerolite.optim.deepspeed_optimizers import FusedAdam
 from zerolite.optim.builder import build_optimizer
 from zerolite.testing.multiprocess import run_ranks
 from zerolite.testing.reference import train_engine, train_reference
@@ -27,7 +28,8 @@ def _groups(device="cpu"):
 def test_config_adam_on_host_masters_is_fused(opt_type):
     opt = build_optimizer(opt_type, {"lr": 1e-3}, None, _groups())
     assert opt.defaults["fused"] is True
-    assert isinstance(opt, torch.optim.AdamW if opt_type == "AdamW" else torch.optim.Adam)
+    # DeepSpeed's class for a config Adam/AdamW; AdamW maths for both (adam_w_mode defaults on).
+    assert type(opt) is FusedAdam and opt.defaults["decoupled_weight_decay"] is True
 
 
 def test_torch_adam_client_optimizers_and_device_masters_keep_torch_default():

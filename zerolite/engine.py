@@ -85,7 +85,8 @@ class ZeroEngine(DeepSpeedAccessors):
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
-                                         opt_cfg.params if opt_cfg else None, optimizer, masters)
+                                         opt_cfg.params if opt_cfg else None, optimizer, masters,
+                                         cpu_optimizer=bool(zc.offload_optimizer))
         self.optimizer = wrap_optimizer_for_offload(self.optimizer, zc, self.rank,
                                                     self.sharded.flats)
         self.param_swap = attach_param_offload(self.sharded, zc, self.rank, self.optimizer,

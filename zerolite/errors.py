@@ -14,3 +14,12 @@ class ZeroliteConfigError(ZeroliteError, ValueError):
 
 class ZeroliteStateError(ZeroliteError):
     """The engine was used out of order (e.g. step() before backward())."""
+
+
+class DeepSpeedFeatureNotSupported(ZeroliteError, NotImplementedError):
+    """A DeepSpeed feature that zerolite (ZeRO data parallelism only) does not implement."""
+
+
+def not_supported_message(name: str, why: str) -> str:
+    return (f"{name}: not supported by zerolite's DeepSpeed alias ({why}). zerolite provides "
+            "ZeRO stages 0-3 data parallelism; run this program with the real DeepSpeed to use it.")

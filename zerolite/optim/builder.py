@@ -14,19 +14,27 @@ from zerolite.errors import ZeroliteConfigError
 from zerolite.optim.param_groups import adopt_client_optimizer
 
 
-def _optimizer_class(type_name: str, params: dict):
-    from zerolite.optim import flat_optimizers
+def _optimizer_class(type_name: str, params: dict, cpu_optimizer: bool):
+    """The class DeepSpeed's engine builds for `optimizer.type` (engine.py,
+    `_configure_basic_optimizer`): Adam/AdamW are `deepspeed.ops.adam.FusedAdam`, or
+    `DeepSpeedCPUAdam` when the optimizer is offloaded, or torch's own class with
+    `"torch_adam": true`; Adagrad and Lion likewise. Programs check these with isinstance."""
+    from zerolite.optim import deepspeed_optimizers as ds
 
     name = type_name.lower()
-    # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (FusedAdam semantics).
-    if name == "adam":
-        return torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
+    if name in ("adam", "adamw"):
+        # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (config/optim.py keeps
+        # adam_w_mode true for "AdamW").
+        if params.get("torch_adam", False):
+            return torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
+        return ds.DeepSpeedCPUAdam if cpu_optimizer else ds.FusedAdam
     if name == "lamb":
         raise ZeroliteConfigError(
             "optimizer.type: 'Lamb' is not supported yet: its per-parameter trust ratio needs "
             "each parameter's norm across shards; use Adam, AdamW, SGD, Adagrad or Lion")
-    table = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
-             "lion": flat_optimizers.Lion}
+    table = {"sgd": torch.optim.SGD,
+             "adagrad": ds.DeepSpeedCPUAdagrad if cpu_optimizer else torch.optim.Adagrad,
+             "lion": ds.DeepSpeedCPULion if cpu_optimizer else ds.FusedLion}
     if name not in table:
         raise ZeroliteConfigError(
             f"optimizer.type: {type_name!r} is not supported; choose one of "
@@ -35,19 +43,25 @@ def _optimizer_class(type_name: str, params: dict):
 
 
 def _accepted_kwargs(cls, params: dict) -> dict:
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+    params = dict(params)
+    if "adam_w_mode" in params:  # DeepSpeedCPUAdam spells it adamw_mode
+        params.setdefault("adamw_mode", params["adam_w_mode"])
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params",
+                                                                    "model_params"}
     out = {k: (tuple(v) if k == "betas" else v) for k, v in params.items() if k in accepted}
     return out
 
 
 def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimizer,
-                    master_groups: list[dict]) -> torch.optim.Optimizer | None:
+                    master_groups: list[dict], cpu_optimizer: bool = False
+                    ) -> torch.optim.Optimizer | None:
     """Optimizer over `master_groups` ([{"params": [fp32 shards], **group hparams}, ...], one
     per param group the user passed, in order).
 
     `client_optimizer` may be a torch.optim.Optimizer built over the model's parameters (it is
     trained itself, its groups re-pointed at the shards: see param_groups.py), a callable
-    taking the param groups, or None (then `opt_type`/`opt_params` from the config are used).
+    taking the param groups, or None (then `opt_type`/`opt_params` from the config are used;
+    `cpu_optimizer` is DeepSpeed's `zero_use_cpu_optimizer`: offload_optimizer on cpu or nvme).
     """
     if isinstance(client_optimizer, torch.optim.Optimizer):
         return adopt_client_optimizer(client_optimizer, [g["params"] for g in master_groups])
@@ -67,7 +81,7 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     # DeepSpeed's defaults (e.g. weight_decay 0.0, not torch AdamW's 0.01) are filled in by
     # zerolite.config, which also validated every value.
     params = dict(opt_params or {})
-    cls = _optimizer_class(opt_type, params)
+    cls = _optimizer_class(opt_type, params, cpu_optimizer)
     kwargs = _accepted_kwargs(cls, params)
     if _host_fused_adam(cls, params, master_groups):
         kwargs["fused"] = True
@@ -86,7 +100,9 @@ def _host_fused_adam(cls, params: dict, master_groups: list[dict]) -> bool:
     tolerance (tests/test_host_adam.py measures the difference).
     Client optimizers are trained as the user made them (plain torch users get torch's default).
     """
-    if cls not in (torch.optim.Adam, torch.optim.AdamW) or params.get("torch_adam", False):
+    from zerolite.optim.deepspeed_optimizers import FusedAdam
+
+    if cls is not FusedAdam:  # torch_adam keeps torch's default; DeepSpeedCPUAdam is fused
         return False
     masters = [p for g in master_groups for p in g["params"]]
     return bool(masters) and all(p.device.type == "cpu" for p in masters)

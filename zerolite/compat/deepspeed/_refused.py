@@ -3,16 +3,8 @@ uses the feature (importing the name is fine, as DeepSpeed's CIFAR example impor
 with MoE off)."""
 from __future__ import annotations
 
-from zerolite.errors import ZeroliteError
-
-
-class DeepSpeedFeatureNotSupported(ZeroliteError, NotImplementedError):
-    """A DeepSpeed feature that zerolite (ZeRO data parallelism only) does not implement."""
-
-
-def message(name: str, why: str) -> str:
-    return (f"{name}: not supported by zerolite's DeepSpeed alias ({why}). zerolite provides "
-            "ZeRO stages 0-3 data parallelism; run this program with the real DeepSpeed to use it.")
+from zerolite.errors import DeepSpeedFeatureNotSupported  # noqa: F401  (re-exported)
+from zerolite.errors import not_supported_message as message
 
 
 def refused_function(name: str, why: str):

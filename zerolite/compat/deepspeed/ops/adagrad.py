@@ -1,4 +1,4 @@
 """`deepspeed.ops.adagrad`."""
-from zerolite.compat.deepspeed.ops._mapped import DeepSpeedCPUAdagrad  # noqa: F401
+from zerolite.optim.deepspeed_optimizers import DeepSpeedCPUAdagrad  # noqa: F401
 
 __all__ = ["DeepSpeedCPUAdagrad"]

@@ -1,5 +1,5 @@
 """`deepspeed.ops.adam`."""
-from zerolite.compat.deepspeed.ops._mapped import DeepSpeedCPUAdam, FusedAdam  # noqa: F401
+from zerolite.optim.deepspeed_optimizers import DeepSpeedCPUAdam, FusedAdam  # noqa: F401
 
 __all__ = ["FusedAdam", "DeepSpeedCPUAdam"]
 

@@ -1,4 +1,4 @@
 """`deepspeed.ops.lion`."""
-from zerolite.compat.deepspeed.ops._mapped import DeepSpeedCPULion, FusedLion  # noqa: F401
+from zerolite.optim.deepspeed_optimizers import DeepSpeedCPULion, FusedLion  # noqa: F401
 
 __all__ = ["DeepSpeedCPULion", "FusedLion"]

@@ -1,4 +1,6 @@
-"""DeepSpeed optimizer classes mapped onto torch / zerolite optimizers.
+"""DeepSpeed's optimizer classes (`deepspeed.ops.adam.FusedAdam`, `DeepSpeedCPUAdam`, ...) as
+torch / zerolite optimizers: what a user constructs from `deepspeed.ops`, and what a config's
+`optimizer.type` builds (optim/builder.py picks the class by DeepSpeed's rule).
 
 [Note: subclasses, not fused kernels] The engine steps a client optimizer itself over the flat
 fp32 shards (zerolite/optim/param_groups.py), and the NVMe offload builds an inner one of the
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from zerolite.compat.deepspeed._refused import DeepSpeedFeatureNotSupported, message
+from zerolite.errors import DeepSpeedFeatureNotSupported
+from zerolite.errors import not_supported_message as message
 from zerolite.optim.flat_optimizers import Lion
 
 
@@ -24,13 +27,15 @@ def _check_bias_correction(cls: str, bias_correction: bool) -> None:
 
 class FusedAdam(torch.optim.Adam):
     """`FusedAdam(params, lr, bias_correction, betas, eps, adam_w_mode, weight_decay, amsgrad,
-    set_grad_none)`: AdamW when `adam_w_mode` (DeepSpeed's default), else Adam with L2."""
+    set_grad_none)`: AdamW when `adam_w_mode` (DeepSpeed's default), else Adam with L2.
+    `fused` is torch's switch (not DeepSpeed's): the engine turns it on for host masters."""
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
-                 adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True):
+                 adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True, *,
+                 fused: bool | None = None):
         _check_bias_correction(type(self).__name__, bias_correction)
         super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad, decoupled_weight_decay=bool(adam_w_mode))
+                         amsgrad=amsgrad, decoupled_weight_decay=bool(adam_w_mode), fused=fused)
         self.defaults.update(adam_w_mode=bool(adam_w_mode), bias_correction=True,
                              set_grad_none=set_grad_none)
 
