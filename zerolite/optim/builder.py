@@ -34,7 +34,7 @@ def _optimizer_class(type_name: str, params: dict):
     return table[name]
 
 
-def _accepted_kwargs(cls, params: dict) -> dict:
+def accepted_kwargs(cls, params: dict) -> dict:
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
     out = {k: (tuple(v) if k == "betas" else v) for k, v in params.items() if k in accepted}
     return out
@@ -68,7 +68,7 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     # zerolite.config, which also validated every value.
     params = dict(opt_params or {})
     cls = _optimizer_class(opt_type, params)
-    kwargs = _accepted_kwargs(cls, params)
+    kwargs = accepted_kwargs(cls, params)
     if _host_fused_adam(cls, params, master_groups):
         kwargs["fused"] = True
     return cls(master_groups, **kwargs)
