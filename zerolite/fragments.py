@@ -139,7 +139,7 @@ class TensorFragments:
             return
         state, tensor = self._state(p, key)
         self._write_piece(p, value, tensor)
-        # Offloaded state hands out copies (offload/offloaded_state.py): store it back.
+        # Offloaded state hands out copies (offload/chunked_optimizer.py, OffloadedState): store it back.
         self.optimizer.state[self._slot(p)[0].master] = state
 
     # -- gradients ---------------------------------------------------------------------------

@@ -223,7 +223,7 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         if master is not None:
             self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * 4, master.cpu())
 
-    # -- swapped-out masters (FlatParam.master_store) -----------------------------------------
+    # -- swapped-out masters (offload/plan.py FileMaster) --------------------------------------
     def read_master(self, master, out: torch.Tensor | None = None) -> torch.Tensor:
         """The committed fp32 values of a swapped-out master shard (into `out`, a host
         buffer of its size, else a fresh tensor)."""

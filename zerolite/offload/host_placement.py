@@ -2,7 +2,7 @@
 
 An explicit placement: each optimized flat's fp32 master (and so its optimizer state and its
 update) lives either on the engine's device or in host memory beside it. For a flat on the
-host (a HostLink):
+host (HostMaster, HostShard below):
 
   backward  its reduced fp32 gradient shard goes device->host as its reduction finishes
             (host_transfers.py: a side stream, after the reduction's "ready" event), into a
