@@ -104,14 +104,6 @@ JSON_TYPES = {"str": "string", "dict": "object", "list": "list", "None": "null",
 MONITOR_MEANING = {"enabled": "Write the monitor's output.",
                    "output_path": "Directory of the output.",
                    "job_name": "Sub-directory / run name."}
-KIND_TYPE = {"lr": "float >= 0", "nonneg": "float >= 0", "float": "float",
-             "ratio": "float in [0, 1]", "bool": "bool", "int": "int", "int?": "int or null",
-             "int>=-1": "int >= -1", "int>=0": "int >= 0", "int>0": "int > 0",
-             "int?>0": "int > 0 or null", "warmup_type": '"log" or "linear"',
-             "lr_groups": "float >= 0, or a list (one per param group)",
-             "ratio_groups": "float in [0, 1], or a list (one per param group)",
-             "betas": "[float, float] in [0, 1)"}
-
 
 @dataclass
 class Row:
@@ -255,8 +247,8 @@ def monitor_rows() -> list[Row]:
 
 
 def table_rows(prefix: str, spec: dict) -> list[Row]:
-    return [Row(f"{prefix}.{key}", KIND_TYPE.get(kind, kind), show(default),
-                PARAM_MEANING.get(key, ""), STATUS[HONOURED]) for key, (default, kind) in spec.items()]
+    return [Row(f"{prefix}.{key}", rule.describe, show(default),
+                PARAM_MEANING.get(key, ""), STATUS[HONOURED]) for key, (default, rule) in spec.items()]
 
 
 def sections() -> list[tuple[str, str, list[Row]]]:
