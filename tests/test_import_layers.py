@@ -4,8 +4,6 @@ members (a class lives in one file, however long); no class patched from another
 import ast
 import pathlib
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("zerolite", "triton_kernels")
 

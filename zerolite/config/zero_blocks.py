@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .offload import parse_offload  # noqa: F401  (the offload blocks: offload.py)
-from ._util import check_bool, check_float, check_int, check_object, check_str, fail, join
+from ._util import check_object, fail, join
 
 
 DEFAULT_LEAF_MODULE_CLASSES = (

@@ -33,7 +33,7 @@ from zerolite.offload.host_placement import HostMaster, HostShard
 from zerolite.offload.host_transfers import HostTransfers
 from zerolite.offload.param_swap import ParamFiles
 from zerolite.zero.flat_placement import (DEVICE_SHARD, NO_MASTER, FlatPlacement, FlatSpec,
-                                          MasterHome, MasterPlacement, PlacementPlan, ShardHome,
+                                          MasterHome, MasterPlacement, PlacementPlan,
                                           device_master)
 
 logger = logging.getLogger("zerolite")
@@ -50,8 +50,8 @@ class SwappedMasters:
 
     def read(self, master, out: torch.Tensor | None = None) -> torch.Tensor:
         """The committed fp32 values of `master` (into `out`, a host buffer, if given)."""
-        if self.store is None:
-            return master.detach() if out is None else out.copy_(master.detach())
+        if self.store is None:  # a copy: callers may recycle what they get (param_swap.py)
+            return master.detach().clone() if out is None else out.copy_(master.detach())
         return self.store.read_master(master, out)
 
 
@@ -280,6 +280,3 @@ def build_plan(oc: OffloadConfig, *, stage: int, quantized_weights: bool, layer,
     return OffloadPlan(oc, layer=layer, rank=rank, compute_dtype=compute_dtype,
                        separate_host=separate_host)
 
-
-__all__ = ["OffloadPlan", "SwappedMasters", "FileMaster", "build_plan", "check_offload",
-           "ShardHome"]
