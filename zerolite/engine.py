@@ -29,6 +29,7 @@ from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
 from zerolite.optim.param_groups import param_groups
 from zerolite.zero.partition import policy_from_classes
+from zerolite.zero.sliced_param import partition_info
 from zerolite.zero.sharded_model import ShardedModel, ShardingOptions
 
 logger = logging.getLogger("zerolite")
@@ -59,7 +60,7 @@ class ZeroEngine(DeepSpeedAccessors):
         self.module = model
         self._config = config
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
-        place_module(model, self.device)
+        place_module(model, self.device, slice_of=partition_info)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device_layer = make_device_layer(self.device)
