@@ -65,6 +65,7 @@ def _worker(args) -> dict:
 
     import zerolite
     from zerolite.models import GPT, GPTConfig
+    from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 
     torch.set_num_threads(1)
     _guard(args.budget_mib * MIB)
@@ -95,7 +96,7 @@ def _worker(args) -> dict:
            "full_model_param_mib": 4 * cfg.num_params() / MIB,
            "memory_stats_mib": {k: v / MIB for k, v in engine.memory_stats().items()
                              if isinstance(v, (int, float))}}
-    if hasattr(engine.optimizer, "offload_stats"):
+    if isinstance(engine.optimizer, ChunkedOffloadOptimizer):
         s = engine.optimizer.offload_stats()
         out.update(disk_mib=s["disk_bytes"] / MIB,
                    read_written_mib_per_step=[s["bytes_read"] / MIB / max(1, args.steps - 1),

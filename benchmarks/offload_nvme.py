@@ -35,6 +35,9 @@ def _worker(args) -> dict:
 
     import zerolite
     from zerolite.models import GPT, GPTConfig
+    from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
+    from zerolite.offload.param_swap import ParamFiles
+    from zerolite.offload.plan import OffloadPlan
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=args.rank, world_size=2)
@@ -75,8 +78,10 @@ def _worker(args) -> dict:
     sampler.start()
     g = torch.Generator().manual_seed(args.rank)
     times, io = [], []
-    swaps = [o.offload_stats for o in (engine.optimizer, engine.param_swap)
-             if hasattr(o, "offload_stats")]
+    plan = engine.placement_plan
+    files = plan.param_files if isinstance(plan, OffloadPlan) else None
+    swaps = [o.offload_stats for o in (engine.optimizer, files)
+             if isinstance(o, (ChunkedOffloadOptimizer, ParamFiles))]
 
     def moved():
         stats = [f() for f in swaps]

@@ -9,6 +9,7 @@ from zerolite.comm import process_group
 from zerolite.device.placement import move_module, place_module
 from zerolite.optim.grad_norm import sum_of_squares
 from zerolite.testing.multiprocess import run_ranks
+from zerolite.zero.sliced_param import partition_info
 
 from gpt_cases import ds_config, tiny_gpt
 
@@ -58,7 +59,7 @@ def _init_then_place(rank, world):
     with zerolite.zero.Init():
         model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8))
     before = [p.zl_partitioned.local.clone() for p in model.parameters()]
-    move_module(model, _to_double)
+    move_module(model, _to_double, partition_info)
     out = []
     for p, old in zip(model.parameters(), before):
         info = p.zl_partitioned

@@ -69,11 +69,11 @@ def accepted_keys() -> set[str]:
 
 
 def _offload_defaults() -> dict:
-    try:
-        from zerolite.config import zero_blocks  # where the offload parser moves next
-        return zero_blocks._OFFLOAD_DEFAULTS
-    except ImportError:
-        return sections._OFFLOAD_DEFAULTS
+    """The offload blocks' keys and defaults, from their dataclasses (config/offload.py)."""
+    from zerolite.config.offload import OffloadOptimizerConfig, OffloadParamConfig
+
+    return {cls._KEY: {f.name: f.default for f in dataclasses.fields(cls)}
+            for cls in (OffloadParamConfig, OffloadOptimizerConfig)}
 
 
 def test_config_reference_lists_every_accepted_key(page_keys):

@@ -1,5 +1,5 @@
 """Checkpoints of NVMe-offloaded optimizer state stream between the swap files and the rank
-files (checkpoint/save.py, load.py, offload/state_stream.py): the files are byte-identical to
+files (checkpoint/save.py, load.py, offload/chunked_optimizer.py): the files are byte-identical to
 those of the same run without offload, and saving / loading costs bounded RAM, not the
 moments' size.
 """
@@ -77,30 +77,28 @@ def test_offloaded_checkpoint_files_are_byte_identical_to_in_memory_ones(tmp_pat
 # -- the chunk-level API on its own (no engine, no processes) ---------------------------------
 @pytest.mark.parametrize("sub,ratio", [(7, 1.0), (333, 0.5)])
 def test_state_slices_match_whole_shard_state_and_stream_back_in(tmp_path, sub, ratio):
-    from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
-    from zerolite.offload.state_stream import (ShardEntry, read_state_slice, state_entries,
-                                               stream_state_in)
+    from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer, ShardEntry
 
     torch.manual_seed(0)
     p = nn.Parameter(torch.randn(1000))
     off = ChunkedOffloadOptimizer(torch.optim.AdamW([p], lr=0.01), nvme_path=str(tmp_path),
                                   rank=0, sub_group_size=sub, ratio=ratio)
-    assert state_entries(off, p) is None
+    assert off.state_entries(p) is None
     for _ in range(2):
         p.grad = torch.randn(1000)
         off.step()
     whole = off.state[p]  # the old, whole-shard path
-    entries = state_entries(off, p)
+    entries = off.state_entries(p)
     assert list(entries) == list(whole)
     assert entries["exp_avg"] == ShardEntry(torch.float32, (1000,))
     assert torch.equal(entries["step"], whole["step"])
     for lo, hi in [(0, 1000), (5, 6), (3, 700), (690, 1000)]:  # across chunk edges
         for name in ("exp_avg", "exp_avg_sq"):
             out = torch.full((hi - lo,), float("nan"))
-            read_state_slice(off, p, name, lo, out)
+            off.read_state_slice(p, name, lo, out)
             assert torch.equal(out, whole[name][lo:hi]), (name, lo, hi)
     new = {"exp_avg": torch.randn(1000), "exp_avg_sq": torch.rand(1000)}
-    stream_state_in(off, p, {"step": torch.tensor(9.0)}, {k: torch.float32 for k in new},
+    off.stream_state_in(p, {"step": torch.tensor(9.0)}, {k: torch.float32 for k in new},
                     lambda name, lo, out: out.copy_(new[name][lo:lo + out.numel()]))
     back = off.state[p]
     assert back["step"].item() == 9.0
@@ -111,7 +109,7 @@ def test_state_slices_match_whole_shard_state_and_stream_back_in(tmp_path, sub, 
             raise OSError("disk gone")
         out.zero_()
     with pytest.raises(OSError):
-        stream_state_in(off, p, {"step": torch.tensor(1.0)}, {k: torch.float32 for k in new},
+        off.stream_state_in(p, {"step": torch.tensor(1.0)}, {k: torch.float32 for k in new},
                         failing)
     after = off.state[p]
     assert after["step"].item() == 9.0 and all(torch.equal(after[k], v) for k, v in new.items())

@@ -1,6 +1,6 @@
 """offload_optimizer / offload_param "cpu": host-resident masters against no offload.
 
-On CPU the host is the device, so the runs here set host_placement.FORCE_SEPARATE_HOST in
+On CPU the host is the device, so the runs here pass `separate_host=True` to initialize in
 each rank: the masters, optimizer state and gradient shards then get separate host copies
 and every transfer (grad shard to the host, host step, cast + copy back, param shard in
 before its gather) runs for real. Every run uses gradient accumulation (2 micro-steps) and
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import zerolite
-import zerolite.offload.host_placement as host_placement
+from zerolite.offload.plan import OffloadPlan
 from zerolite.testing.multiprocess import RankFailed, run_ranks
 from zerolite.testing.reference import train_engine
+from zerolite.zero.flat_placement import MasterHome, ShardHome
 from zerolite.zero.sharded_model import gather_full_state_dict
 
 from offload_cases import assert_same_run
@@ -36,23 +37,27 @@ def _cfg(world, offload=None, stage=3, bf16=False, param=None, **extra):
 
 
 def _engine(cfg, force=True):
-    host_placement.FORCE_SEPARATE_HOST = force  # in this rank's process only
     model = tiny_gpt()
-    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                     separate_host=force)
     return engine
+
+
+def _host_flats(engine):
+    return [f for f in engine.sharded.flats if f.placement.master_home is MasterHome.HOST]
 
 
 def _placed(engine):
     """(flats with a host master, flats in all, bytes moved to host / to device)."""
-    pl = engine.host_placement
-    if pl is None:
+    plan = engine.placement_plan
+    if not isinstance(plan, OffloadPlan) or plan.transfers is None:
         return None
-    for link in pl.links:  # separate host tensors, really
-        if link.master_on_host:
-            assert link.flat.master.data_ptr() != link.flat.shard.data_ptr() or link.shard_on_host
-    return (sum(link.master_on_host for link in pl.links),
+    for f in _host_flats(engine):  # separate host tensors, really
+        assert f.master.data_ptr() != f.shard.data_ptr() \
+            or f.placement.shard.home is ShardHome.HOST
+    return (len(_host_flats(engine)),
             sum(f.master is not None for f in engine.sharded.flats),
-            pl.transfers.bytes_to_host, pl.transfers.bytes_to_device)
+            plan.transfers.bytes_to_host, plan.transfers.bytes_to_device)
 
 
 def _train(rank, world, cfg, force=True, steps=STEPS):
@@ -313,12 +318,11 @@ def _train_cuda(rank, world, cfg):
     torch.cuda.reset_peak_memory_stats()
     losses = train_engine(engine, batches(STEPS), rank, world)
     torch.cuda.synchronize()
-    pl = engine.host_placement
     where = {"master": sorted({str(f.master.device) for f in engine.sharded.flats
                                if f.master is not None}),
              "shard": sorted({str(f.shard.device) for f in engine.sharded.flats}),
-             "pinned": pl is not None and all(link.flat.master.is_pinned()
-                                              for link in pl.links if link.master_on_host)}
+             "pinned": bool(_host_flats(engine)) and all(f.master.is_pinned()
+                                                         for f in _host_flats(engine))}
     return (losses, _cpu_state(gather_full_state_dict(engine.sharded)), where,
             torch.cuda.max_memory_allocated())
 

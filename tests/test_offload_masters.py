@@ -11,6 +11,7 @@ import torch
 import zerolite
 from zerolite.testing.multiprocess import RankFailed, run_ranks
 from zerolite.testing.reference import train_engine
+from zerolite.zero.flat_placement import MasterHome
 from zerolite.zero.sharded_model import gather_full_state_dict
 
 from offload_cases import assert_same_run, train_then_die_mid_step
@@ -38,7 +39,7 @@ def _engine(cfg):
 def _masters_out_of_ram(engine) -> bool:
     """Every optimized flat's master holds one element of storage and no value in RAM."""
     flats = [f for f in engine.sharded.flats if f.master is not None]
-    return bool(flats) and all(f.master_store is not None
+    return bool(flats) and all(f.placement.master_home is MasterHome.FILE
                                and f.master.untyped_storage().nbytes() == 4
                                and f.master.numel() == f.shard.numel() for f in flats)
 

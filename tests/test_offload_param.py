@@ -11,8 +11,10 @@ import torch
 import zerolite
 from zerolite.config import load_config
 from zerolite.errors import ZeroliteConfigError
+from zerolite.offload.plan import OffloadPlan
 from zerolite.testing.multiprocess import RankFailed, run_ranks
 from zerolite.testing.reference import train_engine
+from zerolite.zero.flat_placement import MasterHome, ShardHome
 from zerolite.zero.sharded_model import gather_full_state_dict
 
 from offload_cases import assert_same_run, train_then_die_mid_step
@@ -46,14 +48,17 @@ def _engine(cfg, freeze=False, seed=0):
 
 
 def _shards_out_of_ram(engine) -> bool:
-    return all(f.shard_store is not None and f.shard.numel() == 0 for f in engine.sharded.flats)
+    return all(f.placement.shard.home is ShardHome.FILE and f.shard.numel() == 0
+               for f in engine.sharded.flats)
 
 
 def _train(rank, world, cfg, steps=STEPS):
     engine = _engine(cfg)
     out_at_start = _shards_out_of_ram(engine)
     losses = train_engine(engine, batches(steps), rank, world)
-    swap = engine.param_swap.offload_stats() if engine.param_swap else None
+    plan = engine.placement_plan
+    files = plan.param_files if isinstance(plan, OffloadPlan) else None
+    swap = files.offload_stats() if files is not None else None
     return (losses, gather_full_state_dict(engine.sharded), swap, engine.memory_stats(),
             out_at_start and _shards_out_of_ram(engine))
 
@@ -165,12 +170,13 @@ def test_load_into_a_running_engine_is_exact(tmp_path, case):
 def _write_under_read_ahead(rank, world, cfg):
     engine = _engine(cfg)
     train_engine(engine, batches(STEPS)[:2], rank, world)
-    swap, units = engine.param_swap, engine.sharded.units
-    pending = [units[i] for i in sorted({swap._unit_of[k] for k in swap._pending})]
+    files, units = engine.placement_plan.param_files, engine.sharded.units
+    reading = files.read_ahead_flats()
+    pending = [u for u in units if any(f in reading for f in u.flats)]
     unit = pending[0]
     flat = unit.flats[0]
     new = torch.arange(flat.shard_numel, dtype=flat.compute_dtype)
-    if flat.master_store is not None:  # fp32: the shard is the master in the optimizer's files
+    if flat.placement.master_home is MasterHome.FILE and flat.compute_dtype == torch.float32:  # fp32: the shard is the master in the optimizer's files
         flat.write_master(new)  # as GatheredParameters' write-back does
     else:
         flat.write_shard(0, new)
@@ -263,7 +269,7 @@ def test_param_offload_refusals_name_the_key(tmp_path):
 def _stats(rank, world, cfg):
     engine = _engine(cfg)
     train_engine(engine, batches(2), rank, world)
-    return engine.optimizer.offload_stats(), engine.param_swap.offload_stats()
+    return engine.optimizer.offload_stats(), engine.placement_plan.param_files.offload_stats()
 
 
 @pytest.mark.parametrize("case", ["fp32", "bf16+opt"])

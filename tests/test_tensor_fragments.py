@@ -91,16 +91,15 @@ def config(stage, **zero):
 
 
 def _train(rank, world, stage, zero):
-    from zerolite.offload import host_placement
+    from zerolite.zero.flat_placement import MasterHome
 
-    host_placement.FORCE_SEPARATE_HOST = True  # offload 'cpu' really separate (this rank only)
-    model = net()
-    engine, *_ = zerolite.initialize(model=model, config=config(stage, **zero))
+    model = net()  # separate_host: offload 'cpu' really separate on the CPU
+    engine, *_ = zerolite.initialize(model=model, config=config(stage, **zero), separate_host=True)
     kind = zero.get("offload_optimizer", {}).get("device")
-    if kind == "nvme":  # Adam's state lives in swap files (offload/offloaded_state.py)
+    if kind == "nvme":  # Adam's state lives in swap files (offload/chunked_optimizer.py)
         assert type(engine.optimizer.state).__name__ == "OffloadedState"
     for f in (f for f in engine.sharded.flats if f.master is not None and kind == "cpu"):
-        assert f.host_link is not None and f.host_link.master_on_host, f
+        assert f.placement.master_home is MasterHome.HOST, f
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     out = []
     for step, batch in enumerate(data()):

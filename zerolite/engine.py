@@ -21,13 +21,15 @@ from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.fragments import TensorFragments
 from zerolite.errors import ZeroliteStateError
 from zerolite.monitor import TrainingMonitor
-from zerolite.offload import attach_param_offload, wrap_optimizer_for_offload
-from zerolite.offload.host_placement import place_on_host
+from zerolite.config.offload import OffloadConfig
+from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
+from zerolite.offload.plan import build_plan
 from zerolite.optim.builder import build_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
 from zerolite.optim.param_groups import param_groups
 from zerolite.zero.partition import policy_from_classes
+from zerolite.zero.sliced_param import partition_info
 from zerolite.zero.sharded_model import ShardedModel, ShardingOptions
 
 logger = logging.getLogger("zerolite")
@@ -51,11 +53,14 @@ class _StepWindow:
 
 class ZeroEngine(DeepSpeedAccessors):
     def __init__(self, model: nn.Module, config, *, model_parameters=None, optimizer=None,
-                 lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None):
+                 lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None,
+                 separate_host: bool = False):
+        """`separate_host` (tests): offload 'cpu' keeps separate host copies even when the
+        device is the CPU, so the host hand-off runs for real (offload/host_placement.py)."""
         self.module = model
         self._config = config
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
-        place_module(model, self.device)
+        place_module(model, self.device, slice_of=partition_info)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device_layer = make_device_layer(self.device)
@@ -70,6 +75,13 @@ class ZeroEngine(DeepSpeedAccessors):
             # The client optimizer's own groups win; it is the one trained (param_groups.py).
             model_parameters = optimizer.param_groups
         group_of, group_hparams = param_groups(model, model_parameters)
+        # One pass: where each flat lives (the plan), the sharded model over it, then the
+        # optimizer over its finished masters.
+        self.placement_plan = build_plan(OffloadConfig.from_zero(zc), stage=zc.stage,
+                                         quantized_weights=zc.zero_quantized_weights,
+                                         layer=self.device_layer, rank=self.rank,
+                                         compute_dtype=config.precision_dtype,
+                                         separate_host=separate_host)
         self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
                                     world_size=self.world_size,
@@ -80,17 +92,14 @@ class ZeroEngine(DeepSpeedAccessors):
                                     reducer=build_grad_reducer(config, self.world_size,
                                                                self.device_layer),
                                     gatherer=build_param_gatherer(config, self.device_layer),
-                                    device_layer=self.device_layer)
-        self.host_placement = place_on_host(self.sharded, zc, self.device_layer, self.rank)
+                                    device_layer=self.device_layer,
+                                    plan=self.placement_plan)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
                                          opt_cfg.params if opt_cfg else None, optimizer, masters,
-                                         cpu_optimizer=bool(zc.offload_optimizer))
-        self.optimizer = wrap_optimizer_for_offload(self.optimizer, zc, self.rank,
-                                                    self.sharded.flats)
-        self.param_swap = attach_param_offload(self.sharded, zc, self.rank, self.optimizer,
-                                               config.precision_dtype)
+                                         cpu_optimizer=zc.offload_optimizer is not None)
+        self.optimizer = self.placement_plan.wrap_optimizer(self.optimizer)
         self.sharded.parameter_offload.attach_to(self.optimizer)  # optimizer.parameter_offload
         self.fragments = TensorFragments(self.sharded, self.optimizer)  # deepspeed.utils.safe_*
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
@@ -172,7 +181,7 @@ class ZeroEngine(DeepSpeedAccessors):
             scaled = scaled.float() * self.loss_scaler.loss_scale
         set_phase("backward")
         start = time.perf_counter()
-        self.sharded.at_boundary = self.is_gradient_accumulation_boundary()
+        self.sharded.set_accumulation_boundary(self.is_gradient_accumulation_boundary())
         scaled.backward(retain_graph=retain_graph)
         self.sharded.finish_backward()
         self._window.backward_s += time.perf_counter() - start
@@ -315,12 +324,12 @@ class ZeroEngine(DeepSpeedAccessors):
             raise ZeroliteStateError(
                 "no_sync() is not supported with ZeRO stage 2 or 3 (as in DeepSpeed): "
                 "gradients are reduce-scattered during backward; use gradient accumulation")
-        saved = self.sharded.defer_reduce
-        self.sharded.defer_reduce = True
+        saved = self.sharded.grad_sync.requires_sync
+        self.sharded.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            self.sharded.defer_reduce = saved
+            self.sharded.set_requires_gradient_sync(saved)
 
     # -- accessors (DeepSpeed names) ---------------------------------------------------
     def get_lr(self) -> list[float]:
@@ -342,20 +351,22 @@ class ZeroEngine(DeepSpeedAccessors):
         """This rank's resident memory and what zerolite itself holds, in bytes."""
         shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)
         master = sum(f.master_nbytes() for f in self.sharded.flats)
-        if hasattr(self.optimizer, "master_resident_nbytes"):  # swapped-out masters' rest
-            master += self.optimizer.master_resident_nbytes()
-        resident = getattr(self.optimizer, "resident_state_nbytes", None)  # offloaded: buffers
-        optim = resident() if resident else sum(
-            v.numel() * v.element_size() for state in (self.optimizer.state.values()
-            if self.optimizer else []) for v in state.values() if isinstance(v, torch.Tensor))
-        host = self.host_placement.host_nbytes(self.optimizer) if self.host_placement else {}
+        if isinstance(self.optimizer, ChunkedOffloadOptimizer):
+            master += self.optimizer.master_resident_nbytes()  # swapped-out masters' rest
+            optim = self.optimizer.resident_state_nbytes()  # its chunk buffers
+        else:
+            optim = sum(v.numel() * v.element_size() for state in (
+                self.optimizer.state.values() if self.optimizer else [])
+                for v in state.values() if isinstance(v, torch.Tensor))
+        plan = self.placement_plan
+        host = plan.host_nbytes(self.sharded.flats, self.optimizer)
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes(),
                 # full-size buffers kept for reuse (the most ever live at once), and the
                 # spare / read-ahead shard buffers of offload_param nvme (param_swap.py)
-                "buffer_pool": self.sharded.pool.held_bytes(), "param_read_buffers":
-                self.param_swap.read_buffer_bytes() if self.param_swap is not None else 0,
+                "buffer_pool": self.sharded.pool.held_bytes(),
+                "param_read_buffers": plan.read_buffer_bytes(),
                 "host": host}  # the part in host memory apart from the device (offload 'cpu')
 
     # -- checkpoints (implemented in zerolite.checkpoint) ------------------------------

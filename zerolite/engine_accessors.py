@@ -47,6 +47,11 @@ class DeepSpeedAccessors:
         return ConfigView(self._config)
 
     @property
+    def zerolite_config(self):
+        """The typed, validated config (zerolite.config.ZeroliteConfig) the engine runs on."""
+        return self._config
+
+    @property
     def local_rank(self) -> int:
         """This process's rank on its node (torchrun's LOCAL_RANK), as DeepSpeed reads it."""
         return int(os.environ.get("LOCAL_RANK", self.rank))
@@ -142,7 +147,7 @@ class DeepSpeedAccessors:
 
     def _offload_device(self, key: str) -> str:
         block = getattr(self._config.zero_optimization, key)
-        return block["device"] if block else "none"
+        return block.device if block else "none"
 
     def zero_cpu_offload(self) -> bool:
         """As DeepSpeed: True only for offload_optimizer.device 'cpu'."""
@@ -154,7 +159,7 @@ class DeepSpeedAccessors:
 
     def zero_partial_offload(self) -> float:
         block = self._config.zero_optimization.offload_optimizer
-        return block["ratio"] if block else 1.0
+        return block.ratio if block else 1.0
 
     def zero_offload_optimizer(self):
         return self._config.zero_optimization.offload_optimizer

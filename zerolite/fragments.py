@@ -71,7 +71,7 @@ class TensorFragments:
         """The whole parameter-shaped fp32 tensor from every rank's piece of a shard-shaped
         tensor (None: this rank's piece is zero). Collective unless one partition."""
         flat, slot = self._slot(p)
-        out = torch.zeros(slot.numel, dtype=torch.float32, device=flat._empty.device)
+        out = torch.zeros(slot.numel, dtype=torch.float32, device=flat.device)
         piece = self._piece(flat, slot)
         if piece is not None and shard is not None:
             lo, hi, at = piece
@@ -110,7 +110,7 @@ class TensorFragments:
         flat.refresh_shard_from_master()
         self.sharded.settle_host_copies()
         if flat.is_full_allocated and not flat.full_is_shard:  # gathered: every rank has value
-            flat.full[slot.offset:slot.offset + slot.numel].copy_(value.detach().reshape(-1))
+            slot.flat_view(flat.full).copy_(value.detach().reshape(-1))
 
     # -- optimizer state ---------------------------------------------------------------------
     def _state(self, p, key: str) -> tuple[dict, torch.Tensor]:
@@ -139,7 +139,7 @@ class TensorFragments:
             return
         state, tensor = self._state(p, key)
         self._write_piece(p, value, tensor)
-        # Offloaded state hands out copies (offload/offloaded_state.py): store it back.
+        # Offloaded state hands out copies (offload/chunked_optimizer.py, OffloadedState): store it back.
         self.optimizer.state[self._slot(p)[0].master] = state
 
     # -- gradients ---------------------------------------------------------------------------
@@ -191,7 +191,7 @@ class TensorFragments:
             raise AssertionError(f"Number of elements do not match: {local.numel()} != {n} "
                                  f"(the local partition of {slot.name!r})")
         out = torch.empty(n * self.sharded.world_size, dtype=torch.float32,
-                          device=flat._empty.device)
+                          device=flat.device)
         all_gather_flat(out, local.detach().reshape(-1).to(out.device, torch.float32))
         return out[:slot.numel]
 

@@ -3,9 +3,8 @@
 [Note: why opt-in only] Pinning glibc's mmap threshold (here to 1 MiB) makes every larger
 allocation a fresh mmap that is returned to the OS on free: RSS then follows live bytes
 closely, but every activation, gradient and gathered buffer above the threshold is
-page-faulted and zero-filled again on each allocation. Measured on issue 16's 21M GPT at
-world 1 (one thread, micro-batch 4): about a third of the step time. An engine must not make
-that trade silently for its user, so zerolite keeps glibc's defaults and instead reuses its
+page-faulted and zero-filled again on each allocation, a large share of the step time
+(docs/architecture.md, "Design choices"). An engine must not make that trade silently for its user, so zerolite keeps glibc's defaults and instead reuses its
 own full-size buffers (zerolite/zero/buffer_pool.py), which bounds memory without page
 faults. Call `fix_mmap_threshold()` yourself before building the model if resident memory
 matters more to you than speed; benchmarks apply it to no engine.

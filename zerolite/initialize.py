@@ -33,11 +33,13 @@ class MissingModelError(ZeroliteConfigError, AssertionError):
 def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
                dist_init_required: bool | None = None, collate_fn=None, config=None,
-               config_params=None, unit_policy=None):
+               config_params=None, unit_policy=None, separate_host: bool = False):
     """Wrap `model` in a ZeroEngine, as `deepspeed.initialize` does.
 
     `config` is a path to a DeepSpeed JSON file or a dict (`config_params` is DeepSpeed's
-    older name for it; `args.deepspeed_config` also works). Joins the process group if none
+    older name for it; `args.deepspeed_config` also works). `separate_host` (zerolite's own,
+    for tests and debugging): with offload 'cpu', keep separate host copies even when the
+    device is the CPU, so the host hand-off runs for real. Joins the process group if none
     exists (torchrun's env vars; gloo on CPU, nccl on CUDA). Returns
     `(engine, optimizer, training_dataloader, lr_scheduler)`.
     """
@@ -75,7 +77,8 @@ def initialize(args=None, model: nn.Module | None = None, optimizer=None, model_
                        ", ".join(ignored))
     engine = ZeroEngine(model, cfg, model_parameters=model_parameters, optimizer=optimizer,
                         lr_scheduler=lr_scheduler, training_data=training_data,
-                        collate_fn=collate_fn, unit_policy=unit_policy)
+                        collate_fn=collate_fn, unit_policy=unit_policy,
+                        separate_host=separate_host)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 

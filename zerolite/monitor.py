@@ -201,7 +201,7 @@ class TrainingMonitor:
 
 
 def _make_visible() -> None:
-    """Rank 0 prints progress by default (DESIGN.md): if nobody configured logging at all, give
+    """Rank 0 prints progress by default (as DeepSpeed does): if nobody configured logging at all, give
     the "zerolite" logger a stderr handler at INFO instead of letting INFO lines vanish."""
     # Note: only when neither the root nor the zerolite logger has handlers, so an application's
     # (or pytest's) logging set-up is never overridden.

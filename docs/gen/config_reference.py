@@ -33,9 +33,9 @@ from zerolite.config.support import HONOURED, IGNORED, REJECTED, TOP_LEVEL_IGNOR
 
 STATUS = {HONOURED: "honoured", IGNORED: "accepted, no effect", REJECTED: "refused"}
 
-# The offload blocks are parsed key by key (sections._parse_offload), not by a dataclass, so
-# their meaning and status are stated here; tests/test_docs.py fails when the parser learns a
-# key this table does not describe.
+# The offload blocks are dataclasses (zerolite/config/offload.py); their keys' status for
+# zerolite is stated here; tests/test_docs.py fails when a block gains a key this table does
+# not describe.
 OFFLOAD_KEYS = {
     "device": (HONOURED, '"none", "cpu" or "nvme": where the state lives.'),
     "nvme_path": (HONOURED, "Directory for the swap files (one private directory per rank); "
@@ -54,6 +54,8 @@ OFFLOAD_KEYS = {
     "fast_init": (IGNORED, "DeepSpeed's faster swap-file initialisation."),
     "ratio": (HONOURED, "Fraction of the optimizer state offloaded (0 < ratio <= 1; < 1 needs "
                         "stage 3)."),
+    "super_offload": (REJECTED, "DeepSpeed's SuperOffload; true is refused (not implemented)."),
+    "cpuadam_cores_perc": (IGNORED, "DeepSpeed's CPU-Adam core share; torch picks its threads."),
 }
 PARAM_MEANING = {  # DeepSpeed's (= torch's) meaning of the optimizer and schedule parameters
     "lr": "Learning rate.", "betas": "Coefficients of the running averages.",
@@ -102,14 +104,6 @@ JSON_TYPES = {"str": "string", "dict": "object", "list": "list", "None": "null",
 MONITOR_MEANING = {"enabled": "Write the monitor's output.",
                    "output_path": "Directory of the output.",
                    "job_name": "Sub-directory / run name."}
-KIND_TYPE = {"lr": "float >= 0", "nonneg": "float >= 0", "float": "float",
-             "ratio": "float in [0, 1]", "bool": "bool", "int": "int", "int?": "int or null",
-             "int>=-1": "int >= -1", "int>=0": "int >= 0", "int>0": "int > 0",
-             "int?>0": "int > 0 or null", "warmup_type": '"log" or "linear"',
-             "lr_groups": "float >= 0, or a list (one per param group)",
-             "ratio_groups": "float in [0, 1], or a list (one per param group)",
-             "betas": "[float, float] in [0, 1)"}
-
 
 @dataclass
 class Row:
@@ -220,16 +214,16 @@ def top_rows() -> list[Row]:
 
 
 def offload_defaults() -> dict:
-    """The parser's defaults of the two offload blocks (sections.py; zero_blocks.py once the
-    zero_optimization sub-blocks move there)."""
-    import importlib
+    """The defaults of the two offload blocks, from their dataclasses (config/offload.py);
+    `device` shows "none": no block means no offload."""
+    from dataclasses import fields
 
-    for name in ("zerolite.config.zero_blocks", "zerolite.config.sections"):
-        try:
-            return importlib.import_module(name)._OFFLOAD_DEFAULTS
-        except (ImportError, AttributeError):
-            continue
-    raise ImportError("zerolite.config: no _OFFLOAD_DEFAULTS (the offload blocks' parser moved)")
+    from zerolite.config.offload import OffloadOptimizerConfig, OffloadParamConfig
+
+    out = {}
+    for cls in (OffloadParamConfig, OffloadOptimizerConfig):
+        out[cls._KEY] = {**{f.name: f.default for f in fields(cls)}, "device": "none"}
+    return out
 
 
 def offload_rows() -> list[Row]:
@@ -253,8 +247,8 @@ def monitor_rows() -> list[Row]:
 
 
 def table_rows(prefix: str, spec: dict) -> list[Row]:
-    return [Row(f"{prefix}.{key}", KIND_TYPE.get(kind, kind), show(default),
-                PARAM_MEANING.get(key, ""), STATUS[HONOURED]) for key, (default, kind) in spec.items()]
+    return [Row(f"{prefix}.{key}", rule.describe, show(default),
+                PARAM_MEANING.get(key, ""), STATUS[HONOURED]) for key, (default, rule) in spec.items()]
 
 
 def sections() -> list[tuple[str, str, list[Row]]]:

@@ -62,7 +62,7 @@ def consolidated_16bit_state_dict(engine, exclude_frozen_parameters: bool = Fals
         if engine.rank == 0:
             full = full.to("cpu")
             for s in flat.slots:
-                value = full[s.offset:s.offset + s.numel].view(s.shape).clone()
+                value = s.view(full).clone()
                 for name in s.names:
                     out[name] = value
         del full
@@ -76,7 +76,7 @@ def save_16bit_model_as_configured(engine, save_dir, save_filename="model.safete
                                    exclude_frozen_parameters=False) -> bool:
     """engine.save_16bit_model: as in DeepSpeed, stage 3 gathers and saves the full model only
     with stage3_gather_16bit_weights_on_model_save; otherwise a warning and False."""
-    zc = engine._config.zero_optimization
+    zc = engine.zerolite_config.zero_optimization
     if zc.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
         if engine.rank == 0:
             logger.warning("zerolite: save_16bit_model(%s) saved nothing: zero_optimization."
@@ -107,7 +107,7 @@ def save_16bit_model(engine, save_dir, save_filename="model.safetensors",
                 def read(flat=flat, s=s, first=(i == 0)):
                     if first:
                         current["flat"], current["full"] = next(gen)
-                    return current["full"][s.offset:s.offset + s.numel].view(s.shape)
+                    return s.view(current["full"])
                 entries.append((list(s.names), tuple(s.shape), flat.shard.dtype, read))
         for name, buf in persistent_buffers(engine.module).items():
             entries.append(([name], tuple(buf.shape), buf.dtype, lambda b=buf: b.detach()))

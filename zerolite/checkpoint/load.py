@@ -21,6 +21,8 @@ from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.format import (CheckpointFiles, flat_key, param_index, read_meta,
                                         resolve_checkpoint)
 from zerolite.checkpoint.save import persistent_buffers
+from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
+from zerolite.zero.flat_placement import MasterHome, ShardHome
 from zerolite.zero.shard_math import overlap, rank_range
 
 logger = logging.getLogger("zerolite")
@@ -194,12 +196,13 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
     opt = engine.optimizer
     state_meta = (files.meta.get("optimizer") or {}).get("state", {})
     for flat, pieces in zip(engine.sharded.flats, plans):
-        swapped = flat.master_store is not None if flat.master is not None \
-            else flat.shard_store is not None
+        where = flat.placement
+        swapped = where.master_home is MasterHome.FILE if flat.master is not None \
+            else where.shard.home is ShardHome.FILE
         dst = flat.master.data if flat.master is not None else flat.shard
         if swapped:  # the value lives in offload files: fill a temporary, then write it
             dst = torch.empty(flat.shard_numel, dtype=torch.float32 if flat.master is not None
-                              else flat.compute_dtype, device=flat._empty.device)
+                              else flat.compute_dtype, device=flat.device)
         _fill(files, flat, pieces, "param", dst)
         if swapped and flat.master is not None:
             flat.write_master(dst)
@@ -218,7 +221,7 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
         state = {}
         src_key, src_lo = pieces[0][2], pieces[0][3]
         first_rank = files.ranks_for(src_key, src_lo, src_lo + 1)[0]
-        if hasattr(opt, "offload_stats"):
+        if isinstance(opt, ChunkedOffloadOptimizer):
             _stream_offloaded(opt, files, flat, pieces, desc, src_key, first_rank)
             continue
         have = opt.state.get(flat.master, {})
@@ -239,8 +242,6 @@ def _stream_offloaded(opt, files: CheckpointFiles, flat, pieces, desc, src_key,
                       first_rank) -> None:
     """Offloaded state (zerolite.offload) goes from the checkpoint into the swap files chunk
     by chunk, through the optimizer's own chunk buffers: no whole-shard copy in RAM."""
-    from zerolite.offload.state_stream import stream_state_in
-
     values = {name: files.read_small(first_rank, f"{src_key}/optim/{name}").clone()
               for name, kind in desc["tensors"].items() if kind != "shard"}
     values.update(desc["values"])
@@ -251,7 +252,7 @@ def _stream_offloaded(opt, files: CheckpointFiles, flat, pieces, desc, src_key,
         out.zero_()  # what the checkpoint does not cover (load_module_strict=False) starts at 0
         _fill(files, flat, pieces, f"optim/{name}", out, start=lo)
 
-    stream_state_in(opt, flat.master, values, dtypes, fill)
+    opt.stream_state_in(flat.master, values, dtypes, fill)
 
 
 def _load_param_groups(opt, saved: list[dict]) -> None:

@@ -18,6 +18,7 @@ from zerolite.checkpoint.tags import agreed_tag
 from zerolite.checkpoint.format import (FORMAT, LATEST, META, buffers_file_name, check_tag,
                                         dtype_name, flat_key, rank_file_name)
 from zerolite.checkpoint.st_io import LazyTensor, fsync_dir, sha256_file, write_file
+from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer, ShardEntry
 from zerolite.version import __version__
 
 logger = logging.getLogger("zerolite")
@@ -58,10 +59,8 @@ def _optim_state(engine, flat) -> dict:
     opt = engine.optimizer
     if opt is None or flat.master is None:
         return {}
-    if hasattr(opt, "offload_stats"):
-        from zerolite.offload.state_stream import state_entries
-
-        return state_entries(opt, flat.master) or {}
+    if isinstance(opt, ChunkedOffloadOptimizer):
+        return opt.state_entries(flat.master) or {}
     return opt.state.get(flat.master, {})
 
 
@@ -81,8 +80,6 @@ class _OffloadedStream:
         return LazyTensor(entry.dtype, entry.shape, lambda: self._pieces(master, name, entry))
 
     def _pieces(self, master, name, entry):
-        from zerolite.offload.state_stream import read_state_slice
-
         numel = math.prod(entry.shape)
         buf = self._buffers.get(entry.dtype)
         if buf is None:
@@ -90,15 +87,13 @@ class _OffloadedStream:
                                                            dtype=entry.dtype)
         for lo in range(0, numel, buf.numel()):
             piece = buf[:min(buf.numel(), numel - lo)]
-            read_state_slice(self._opt, master, name, lo, piece)
+            self._opt.read_state_slice(master, name, lo, piece)
             yield piece
 
 
 def _rank_tensors(engine, layout) -> tuple[list, dict]:
     """This rank's tensors (views, no copies; offloaded state as LazyTensors that stream from
     the swap files) and per-flat optimizer-state descriptions."""
-    from zerolite.offload.state_stream import ShardEntry
-
     tensors, optim_meta = [], {}
     stream = _OffloadedStream(engine.optimizer)
     for entry, flat in zip(layout, engine.sharded.flats):
@@ -206,7 +201,7 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
         if err is not None:
             raise (TypeError if is_type else ZeroliteCheckpointError)(
                 err if r == rank else f"rank {r}: {err}")
-    tag = agreed_tag([v[2] for v in votes], rank, engine._config.checkpoint_tag_validation)
+    tag = agreed_tag([v[2] for v in votes], rank, engine.zerolite_config.checkpoint_tag_validation)
     save_id = votes[0][3]
     ckpt = os.path.join(os.fspath(save_dir), tag)
     layout = engine_layout(engine, exclude_frozen_parameters)

@@ -1,7 +1,7 @@
 """`zerolite check-config CONFIG.json --world-size N [--params P | --model module:factory]`.
 
 Prints the resolved config, the batch triangle and a per-rank model-state memory estimate for
-ZeRO stages 0-3 (the table in DESIGN.md).
+ZeRO stages 0-3 (the accounting below).
 
 Bytes per parameter Ψ that zerolite holds (Adam/AdamW; N = world size), checked against
 engine.memory_stats() of real runs (tests/test_memory_estimate.py):
@@ -15,8 +15,8 @@ engine.memory_stats() of real runs (tests/test_memory_estimate.py):
     0-2 also keep the full params), grads 4, optimizer 8 (exp_avg + exp_avg_sq)
         stage 0: 20Ψ   stage 1: 8Ψ + 12Ψ/N   stage 2: 4Ψ + 16Ψ/N   stage 3: 16Ψ/N
 
-Note: DESIGN.md's table (16Ψ at stage 0, 16Ψ/N at stage 3 with 16-bit grads) is DeepSpeed's
-accounting. zerolite differs in two places: gradients are fp32 (reduced and accumulated in
+Note: the ZeRO paper's table (16Ψ at stage 0, 16Ψ/N at stage 3 with 16-bit grads) is
+DeepSpeed's accounting. zerolite differs in two places: gradients are fp32 (reduced and accumulated in
 fp32: +2Ψ or +2Ψ/N in mixed precision), and at stages 0-2 the full compute-dtype params sit
 next to the shard (stage 0: one extra full copy; stages 1-2: an extra 1/N).
 

@@ -38,12 +38,9 @@ def default_scatter_method() -> str:
     """[Note: gloo] On gloo a reduce-scatter is built from all_to_all + a local sum: gloo's own
     reduce_scatter copies its input synchronously in the calling thread, and an all-reduce
     followed by taking a slice moves twice the bytes (ring all-reduce: 2(N-1)/N of the
-    buffer; all_to_all: (N-1)/N). Measured on this 2-core machine under load
-    (benchmarks/gloo_reduce_bench.py; results/gloo_reduce*.json), one 50 MiB fp32 buffer:
-    world 2 all_to_all 172 ms / 31 ms CPU, all-reduce 190 ms / 44 ms, reduce_scatter 355 ms
-    (166 ms blocking the caller); world 4 271 / 30, 250 / 54, 753 ms. At 7 MiB and world 2
-    the all-reduce can finish first (11.5 vs 14.5 ms) but costs more CPU (5.6 vs 4.4 ms),
-    and CPU is what the ranks share here. NCCL (and any other backend) keeps the real
+    buffer; all_to_all: (N-1)/N). all_to_all also takes the least CPU of the three, and CPU is
+    what ranks on one host share (benchmarks/gloo_reduce_bench.py measures the three; its
+    figures are in benchmarks/results/gloo_reduce*.json and docs/benchmarks.md). NCCL (and any other backend) keeps the real
     reduce-scatter."""
     if dist.is_initialized() and dist.get_backend() == "gloo":
         return "all_to_all"

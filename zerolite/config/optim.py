@@ -10,98 +10,166 @@ from ._util import (
     fail_msg, is_auto, join, logger,
 )
 
-# Param kinds: "lr"/"nonneg" float >= 0, "float" any finite, "betas" pair in [0, 1),
-# "bool", "int", "int?" (int or null), "int>=-1", "int>=0", "int>0", "int?>0" (int > 0 or null),
-# "warmup_type", "ratio" float in [0, 1], "lr_groups" / "ratio_groups": an "nonneg" / "ratio"
-# value or a list of them, one per optimizer param group (the count is checked by the schedule,
-# which knows the optimizer).
-_BETAS = (0.9, 0.999)
-_ADAM = {"lr": (1e-3, "lr"), "betas": (_BETAS, "betas"), "eps": (1e-8, "nonneg"),
-         "weight_decay": (0.0, "nonneg"), "bias_correction": (True, "bool"),
-         "amsgrad": (False, "bool"), "adam_w_mode": (True, "bool"), "torch_adam": (False, "bool")}
 
-OPTIMIZER_PARAMS: dict[str, dict[str, tuple]] = {
+@dataclass(frozen=True)
+class Num:
+    """A finite float within optional bounds."""
+
+    ge: float | None = None
+    le: float | None = None
+
+    def check(self, path: str, v: Any) -> float:
+        return check_float(path, v, ge=self.ge, le=self.le)
+
+    @property
+    def describe(self) -> str:
+        if self.ge is not None and self.le is not None:
+            return f"float in [{self.ge:g}, {self.le:g}]"
+        return "float" if self.ge is None else f"float >= {self.ge:g}"
+
+
+@dataclass(frozen=True)
+class Int:
+    """An integer (integral floats accepted) within optional bounds; `optional`: null too."""
+
+    ge: int | None = None
+    gt: int | None = None
+    optional: bool = False
+
+    def check(self, path: str, v: Any) -> int | None:
+        return check_int(path, v, ge=self.ge, gt=self.gt, none_ok=self.optional)
+
+    @property
+    def describe(self) -> str:
+        bound = f" >= {self.ge}" if self.ge is not None else f" > {self.gt}" \
+            if self.gt is not None else ""
+        return f"int{bound}" + (" or null" if self.optional else "")
+
+
+@dataclass(frozen=True)
+class Bool:
+    def check(self, path: str, v: Any) -> bool:
+        return check_bool(path, v)
+
+    describe = "bool"
+
+
+@dataclass(frozen=True)
+class Choice:
+    choices: tuple[str, ...]
+
+    def check(self, path: str, v: Any) -> str:
+        return check_str(path, v, choices=self.choices)
+
+    @property
+    def describe(self) -> str:
+        return " or ".join(f'"{c}"' for c in self.choices)
+
+
+@dataclass(frozen=True)
+class Betas:
+    """A pair of floats in [0, 1)."""
+
+    def check(self, path: str, v: Any) -> tuple[float, float]:
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            fail(path, v, "a list of two numbers in [0, 1)")
+        return tuple(check_float(f"{path}[{i}]", b, ge=0, lt=1) for i, b in enumerate(v))
+
+    describe = "[float, float] in [0, 1)"
+
+
+@dataclass(frozen=True)
+class PerGroup:
+    """One value, or a list of them, one per optimizer param group (the count is checked by
+    the schedule, which knows the optimizer); `optional`: null = each group's own lr."""
+
+    one: Num
+    optional: bool = False
+
+    def check(self, path: str, v: Any):
+        if v is None and self.optional:
+            return None
+        if isinstance(v, (list, tuple)):
+            if not v:
+                fail(path, v, "a number or a non-empty list of numbers (one per param group)")
+            return [self.one.check(f"{path}[{i}]", x) for i, x in enumerate(v)]
+        return self.one.check(path, v)
+
+    @property
+    def describe(self) -> str:
+        return f"{self.one.describe}, or a list (one per param group)" + (
+            "; null: each group's own lr" if self.optional else "")
+
+
+Rule = Num | Int | Bool | Choice | Betas | PerGroup
+"""How one optimizer / scheduler parameter is checked: `rule.check(json_path, value)`."""
+
+LR = NONNEG = Num(ge=0)
+FLOAT = Num()
+RATIO = Num(ge=0, le=1)
+BOOL = Bool()
+BETAS = Betas()
+WARMUP_TYPE = Choice(("log", "linear"))
+STEP = Int(ge=-1)
+"""last_batch_iteration: -1 (not started) or a batch index."""
+POSITIVE = Int(gt=0)
+LR_GROUPS = PerGroup(LR)
+RATIO_GROUPS = PerGroup(RATIO)
+
+_BETAS = (0.9, 0.999)
+_ADAM = {"lr": (1e-3, LR), "betas": (_BETAS, BETAS), "eps": (1e-8, NONNEG),
+         "weight_decay": (0.0, NONNEG), "bias_correction": (True, BOOL),
+         "amsgrad": (False, BOOL), "adam_w_mode": (True, BOOL), "torch_adam": (False, BOOL)}
+
+OPTIMIZER_PARAMS: dict[str, dict[str, tuple[Any, Rule]]] = {
     "Adam": _ADAM,
     "AdamW": _ADAM,
-    "SGD": {"lr": (1e-3, "lr"), "momentum": (0.0, "nonneg"), "dampening": (0.0, "float"),
-            "weight_decay": (0.0, "nonneg"), "nesterov": (False, "bool")},
-    "Adagrad": {"lr": (1e-2, "lr"), "eps": (1e-10, "nonneg"), "weight_decay": (0.0, "nonneg"),
-                "lr_decay": (0.0, "nonneg"), "initial_accumulator_value": (0.0, "nonneg")},
-    "Lamb": {"lr": (1e-3, "lr"), "betas": (_BETAS, "betas"), "eps": (1e-8, "nonneg"),
-             "weight_decay": (0.0, "nonneg"), "bias_correction": (True, "bool"),
-             "eps_inside_sqrt": (False, "bool"), "max_grad_norm": (0.0, "nonneg"),
-             "max_coeff": (10.0, "nonneg"), "min_coeff": (0.01, "nonneg"), "amsgrad": (False, "bool")},
-    "Lion": {"lr": (1e-3, "lr"), "betas": (_BETAS, "betas"), "weight_decay": (0.0, "nonneg")},
+    "SGD": {"lr": (1e-3, LR), "momentum": (0.0, NONNEG), "dampening": (0.0, FLOAT),
+            "weight_decay": (0.0, NONNEG), "nesterov": (False, BOOL)},
+    "Adagrad": {"lr": (1e-2, LR), "eps": (1e-10, NONNEG), "weight_decay": (0.0, NONNEG),
+                "lr_decay": (0.0, NONNEG), "initial_accumulator_value": (0.0, NONNEG)},
+    "Lamb": {"lr": (1e-3, LR), "betas": (_BETAS, BETAS), "eps": (1e-8, NONNEG),
+             "weight_decay": (0.0, NONNEG), "bias_correction": (True, BOOL),
+             "eps_inside_sqrt": (False, BOOL), "max_grad_norm": (0.0, NONNEG),
+             "max_coeff": (10.0, NONNEG), "min_coeff": (0.01, NONNEG), "amsgrad": (False, BOOL)},
+    "Lion": {"lr": (1e-3, LR), "betas": (_BETAS, BETAS), "weight_decay": (0.0, NONNEG)},
 }
-"""Supported optimizer type -> {param: (DeepSpeed default, kind)}."""
+"""Supported optimizer type -> {param: (DeepSpeed default, Rule)}."""
 
-_WARMUP = {"warmup_min_lr": (0.0, "lr_groups"), "warmup_max_lr": (1e-3, "lr_groups"),
-           "warmup_num_steps": (1000, "int>0"), "warmup_type": ("log", "warmup_type"),
-           "last_batch_iteration": (-1, "int>=-1")}
+_WARMUP = {"warmup_min_lr": (0.0, LR_GROUPS), "warmup_max_lr": (1e-3, LR_GROUPS),
+           "warmup_num_steps": (1000, POSITIVE), "warmup_type": ("log", WARMUP_TYPE),
+           "last_batch_iteration": (-1, STEP)}
 
-SCHEDULER_PARAMS: dict[str, dict[str, tuple]] = {
+SCHEDULER_PARAMS: dict[str, dict[str, tuple[Any, Rule]]] = {
     # Note: WarmupLR without warmup_max_lr warms each group up to its own lr (DeepSpeed's code;
     # its docs say 0.001, which WarmupDecayLR keeps).
-    "WarmupLR": {**_WARMUP, "warmup_max_lr": (None, "lr_groups?")},
-    "WarmupDecayLR": {**_WARMUP, "total_num_steps": (REQUIRED, "int>0")},
-    "WarmupCosineLR": {"total_num_steps": (REQUIRED, "int>0"), "warmup_min_ratio": (0.0, "ratio"),
-                       "warmup_num_steps": (1000, "int>0"), "cos_min_ratio": (0.0001, "ratio"),
-                       "warmup_type": ("log", "warmup_type"), "last_batch_iteration": (-1, "int>=-1")},
+    "WarmupLR": {**_WARMUP, "warmup_max_lr": (None, PerGroup(LR, optional=True))},
+    "WarmupDecayLR": {**_WARMUP, "total_num_steps": (REQUIRED, POSITIVE)},
+    "WarmupCosineLR": {"total_num_steps": (REQUIRED, POSITIVE), "warmup_min_ratio": (0.0, RATIO),
+                       "warmup_num_steps": (1000, POSITIVE), "cos_min_ratio": (0.0001, RATIO),
+                       "warmup_type": ("log", WARMUP_TYPE), "last_batch_iteration": (-1, STEP)},
     # Note: stair counts <= 0 mean "no stairs" (DeepSpeed's argparse default is -1).
-    "OneCycle": {"cycle_min_lr": (REQUIRED, "lr_groups"), "cycle_max_lr": (REQUIRED, "lr_groups"),
-                 "decay_lr_rate": (0.0, "nonneg"), "cycle_first_step_size": (2000, "int>0"),
-                 "cycle_second_step_size": (None, "int?>0"), "cycle_first_stair_count": (0, "int"),
-                 "cycle_second_stair_count": (None, "int?"), "decay_step_size": (0, "int>=0"),
-                 "cycle_momentum": (True, "bool"), "cycle_min_mom": (0.8, "ratio_groups"),
-                 "cycle_max_mom": (0.9, "ratio_groups"), "decay_mom_rate": (0.0, "nonneg"),
-                 "last_batch_iteration": (-1, "int>=-1")},
-    "LRRangeTest": {"lr_range_test_min_lr": (1e-3, "lr_groups"),
-                    "lr_range_test_step_size": (2000, "int>0"),
-                    "lr_range_test_step_rate": (1.0, "nonneg"),
-                    "lr_range_test_staircase": (False, "bool"),
-                    "last_batch_iteration": (-1, "int>=-1")},
+    "OneCycle": {"cycle_min_lr": (REQUIRED, LR_GROUPS), "cycle_max_lr": (REQUIRED, LR_GROUPS),
+                 "decay_lr_rate": (0.0, NONNEG), "cycle_first_step_size": (2000, POSITIVE),
+                 "cycle_second_step_size": (None, Int(gt=0, optional=True)),
+                 "cycle_first_stair_count": (0, Int()),
+                 "cycle_second_stair_count": (None, Int(optional=True)),
+                 "decay_step_size": (0, Int(ge=0)),
+                 "cycle_momentum": (True, BOOL), "cycle_min_mom": (0.8, RATIO_GROUPS),
+                 "cycle_max_mom": (0.9, RATIO_GROUPS), "decay_mom_rate": (0.0, NONNEG),
+                 "last_batch_iteration": (-1, STEP)},
+    "LRRangeTest": {"lr_range_test_min_lr": (1e-3, LR_GROUPS),
+                    "lr_range_test_step_size": (2000, POSITIVE),
+                    "lr_range_test_step_rate": (1.0, NONNEG),
+                    "lr_range_test_staircase": (False, BOOL),
+                    "last_batch_iteration": (-1, STEP)},
 }
-"""Supported scheduler type -> {param: (DeepSpeed default or REQUIRED, kind)}: the one set of
+"""Supported scheduler type -> {param: (DeepSpeed default or REQUIRED, Rule)}: the one set of
 rules for schedule parameters, whether they come from JSON (SchedulerConfig) or from Python
 (the schedule classes in zerolite.optim check their arguments here)."""
 
 # Note: HF Trainer fills these with "auto"; other params have no sensible automatic value.
 _OPT_AUTO_OK = ("lr", "betas", "eps", "weight_decay")
-
-
-def _check_param(path: str, kind: str, v: Any) -> Any:
-    if kind in ("lr", "nonneg"):
-        return check_float(path, v, ge=0)
-    if kind == "float":
-        return check_float(path, v)
-    if kind == "ratio":
-        return check_float(path, v, ge=0, le=1)
-    if kind == "bool":
-        return check_bool(path, v)
-    if kind in ("int", "int?"):
-        return check_int(path, v, none_ok=kind == "int?")
-    if kind == "int>=-1":
-        return check_int(path, v, ge=-1)
-    if kind in ("int>=0", "int?>=0"):
-        return check_int(path, v, ge=0, none_ok=kind.startswith("int?"))
-    if kind in ("int>0", "int?>0"):
-        return check_int(path, v, gt=0, none_ok=kind.startswith("int?"))
-    if kind == "warmup_type":
-        return check_str(path, v, choices=("log", "linear"))
-    if kind == "lr_groups?":  # None: each param group's own lr
-        return None if v is None else _check_param(path, "lr_groups", v)
-    if kind in ("lr_groups", "ratio_groups"):
-        one = "lr" if kind == "lr_groups" else "ratio"
-        if isinstance(v, (list, tuple)):
-            if not v:
-                fail(path, v, "a number or a non-empty list of numbers (one per param group)")
-            return [_check_param(f"{path}[{i}]", one, x) for i, x in enumerate(v)]
-        return _check_param(path, one, v)
-    if kind == "betas":
-        if not isinstance(v, (list, tuple)) or len(v) != 2:
-            fail(path, v, "a list of two numbers in [0, 1)")
-        return tuple(check_float(f"{path}[{i}]", b, ge=0, lt=1) for i, b in enumerate(v))
-    raise AssertionError(kind)  # pragma: no cover - table error
 
 
 def _canonical(path: str, name: Any, table: dict, what: str) -> str:
@@ -137,7 +205,7 @@ def _parse_params(path: str, given: Any, spec: dict, ctx: ParseContext, auto_rul
             out[key] = value  # Note: kept as given; DeepSpeed passes unknown params through.
             continue
         out[key] = value  # checked once, by the section's __post_init__
-    for key, (default, _kind) in spec.items():
+    for key, (default, _rule) in spec.items():
         if key not in out:
             if default is REQUIRED:
                 fail_msg(join(path, key), "missing; this scheduler requires it")
@@ -166,7 +234,7 @@ class OptimizerConfig:
         spec = OPTIMIZER_PARAMS[self.type]
         for key, value in list(self.params.items()):
             if key in spec:
-                self.params[key] = _check_param(f"optimizer.params.{key}", spec[key][1], value)
+                self.params[key] = spec[key][1].check(f"optimizer.params.{key}", value)
         p = self.params
         if self.type == "SGD" and p.get("nesterov") and (p.get("momentum", 0) <= 0 or p.get("dampening", 0) != 0):
             fail_msg("optimizer.params.nesterov", "true requires momentum > 0 and dampening 0")
@@ -226,8 +294,8 @@ class SchedulerConfig:
         spec = SCHEDULER_PARAMS[self.type]
         for key, value in list(self.params.items()):
             if key in spec:
-                self.params[key] = _check_param(f"scheduler.params.{key}", spec[key][1], value)
-        for key, (default, _kind) in spec.items():
+                self.params[key] = spec[key][1].check(f"scheduler.params.{key}", value)
+        for key, (default, _rule) in spec.items():
             if default is REQUIRED and self.params.get(key) is None:
                 fail_msg(f"scheduler.params.{key}", f"missing; {self.type} requires it")
         p = self.params
@@ -271,7 +339,7 @@ def check_scheduler_keys(type_name: str, keys) -> None:
     for key in keys:
         if key not in spec:
             _unknown_param(f"scheduler.params.{key}", type_name, spec)
-    for key, (default, _kind) in spec.items():
+    for key, (default, _rule) in spec.items():
         if default is REQUIRED and key not in keys:
             fail_msg(f"scheduler.params.{key}", f"missing; {type_name} requires it")
 
@@ -281,9 +349,9 @@ def check_scheduler_params(type_name: str, given: dict) -> dict:
     (no defaults filled in, no 'auto'); returns the normalised values."""
     check_scheduler_keys(type_name, given)
     spec = SCHEDULER_PARAMS[type_name]
-    return {k: _check_param(f"scheduler.params.{k}", spec[k][1], v) for k, v in given.items()}
+    return {k: spec[k][1].check(f"scheduler.params.{k}", v) for k, v in given.items()}
 
 
 def check_last_batch_iteration(value: Any) -> int:
     """A schedule position: -1 (not started) or a batch index."""
-    return _check_param("scheduler.params.last_batch_iteration", "int>=-1", value)
+    return STEP.check("scheduler.params.last_batch_iteration", value)

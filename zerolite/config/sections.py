@@ -11,6 +11,7 @@ from ._util import (
     ParseContext, Section, check_bool, check_float, check_int, check_object, check_str, fail,
     fail_msg, join, logger,
 )
+from .offload import OffloadOptimizerConfig, OffloadParamConfig
 from .zero_blocks import DEFAULT_LEAF_MODULE_CLASSES, parse_leaf_module, parse_offload  # noqa: F401
 
 
@@ -140,11 +141,11 @@ class ZeroOptimizationConfig(Section):
     """Initialise master weights from fp32 checkpoint copies."""
     elastic_checkpoint: bool = deepspeed_only(False)
     """Load checkpoints saved at another world size (DeepSpeed: no longer supported)."""
-    offload_param: dict | None = None
-    """Parameter offload block (device cpu/nvme) or None; stage 3 only (offload/host_placement.py,
-    offload/param_swap.py)."""
-    offload_optimizer: dict | None = None
-    """Optimizer-state offload block (device cpu/nvme) or None; see zerolite/offload/."""
+    offload_param: OffloadParamConfig | None = None
+    """Parameter offload block (device cpu/nvme) or None; stage 3 only (config/offload.py,
+    zerolite/offload/plan.py)."""
+    offload_optimizer: OffloadOptimizerConfig | None = None
+    """Optimizer-state offload block (device cpu/nvme) or None (config/offload.py)."""
     sub_group_size: int = 1_000_000_000
     """Elements per chunk of the optimizer step when offload_optimizer.device is nvme."""
     stage3_prefetch_bucket_size: int = 50_000_000
@@ -241,10 +242,10 @@ class ZeroOptimizationConfig(Section):
         self.offload_optimizer = parse_offload(f"{p}.offload_optimizer", "offload_optimizer",
                                                 self.offload_optimizer)
         if self.offload_param and self.stage != 3:
-            fail_msg(f"{p}.offload_param.device", f"{self.offload_param['device']!r} needs "
+            fail_msg(f"{p}.offload_param.device", f"{self.offload_param.device!r} needs "
                      f"{p}.stage 3 (parameters are only partitioned there, as in DeepSpeed), "
                      f"got stage {self.stage}")
-        if self.offload_optimizer and self.offload_optimizer["ratio"] < 1.0 and self.stage != 3:
+        if self.offload_optimizer and self.offload_optimizer.ratio < 1.0 and self.stage != 3:
             fail_msg(f"{p}.offload_optimizer.ratio", "partial offloading (ratio < 1) needs "
                      f"{p}.stage 3, got stage {self.stage}")
 

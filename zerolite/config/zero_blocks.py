@@ -4,43 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._util import check_bool, check_float, check_int, check_object, check_str, fail, join
-
-
-_OFFLOAD_COMMON = {"device": "none", "nvme_path": None, "pin_memory": False}
-_OFFLOAD_DEFAULTS = {
-    "offload_param": {**_OFFLOAD_COMMON, "buffer_count": 5, "buffer_size": 100_000_000,
-                      "max_in_cpu": 1_000_000_000},
-    "offload_optimizer": {**_OFFLOAD_COMMON, "buffer_count": 4, "pipeline_read": False,
-                          "pipeline_write": False, "fast_init": False, "ratio": 1.0},
-}
-
-
-def parse_offload(path: str, name: str, v: Any) -> dict | None:
-    """Validate an offload block; device "none" (or null) means no offload -> None."""
-    if v is None:
-        return None
-    check_object(path, v)
-    out = dict(_OFFLOAD_DEFAULTS[name])
-    for key, value in v.items():
-        kp = join(path, key)
-        if key == "device":
-            value = check_str(kp, value.lower() if isinstance(value, str) else value,
-                              choices=("none", "cpu", "nvme"))
-        elif key == "nvme_path":
-            value = check_str(kp, value, none_ok=True)
-        elif key in ("pin_memory", "pipeline_read", "pipeline_write", "fast_init", "pipeline"):
-            value = check_bool(kp, value)
-        elif key in ("buffer_count", "buffer_size", "max_in_cpu"):
-            value = check_int(kp, value, ge=0)
-        elif key == "ratio":
-            value = check_float(kp, value, gt=0, le=1)
-        out[key] = value
-    if out["device"] == "none":
-        return None
-    if out["device"] == "nvme" and not out["nvme_path"]:
-        fail(join(path, "nvme_path"), out["nvme_path"], "a directory path when device is 'nvme'")
-    return out
+from .offload import parse_offload  # noqa: F401  (the offload blocks: offload.py)
+from ._util import check_object, fail, join
 
 
 DEFAULT_LEAF_MODULE_CLASSES = (

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
 from zerolite.errors import ZeroliteStateError
-from zerolite.offload.offloaded_state import OffloadedState
+from zerolite.optim.builder import accepted_kwargs
 from zerolite.offload.swap_files import SwapFiles
 
 
@@ -63,12 +64,6 @@ class _Chunk:
     @property
     def swapped(self) -> bool:
         return self.sink is not None
-
-
-def _accepted_kwargs(cls, params: dict) -> dict:
-    from zerolite.optim.builder import _accepted_kwargs as accepted
-
-    return accepted(cls, params)
 
 
 class ChunkedOffloadOptimizer(torch.optim.Optimizer):
@@ -105,7 +100,7 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         for c in self._chunks[n_disk:]:
             c.on_disk = False
         cls = type(base)
-        self._inner = cls(inner_groups, **_accepted_kwargs(cls, base.defaults))
+        self._inner = cls(inner_groups, **accepted_kwargs(cls, base.defaults))
         # Note: each inner step sees only the chunk it updates (see step), so the per-call
         # bookkeeping of the optimizer does not grow with the number of chunks.
         for g in self._inner.param_groups:
@@ -228,7 +223,7 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         if master is not None:
             self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * 4, master.cpu())
 
-    # -- swapped-out masters (FlatParam.master_store) -----------------------------------------
+    # -- swapped-out masters (offload/plan.py FileMaster) --------------------------------------
     def read_master(self, master, out: torch.Tensor | None = None) -> torch.Tensor:
         """The committed fp32 values of a swapped-out master shard (into `out`, a host
         buffer of its size, else a fresh tensor)."""
@@ -322,6 +317,74 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         self._torn.discard(master)
         return had
 
+    # -- one shard's state chunk by chunk, for checkpoints (zerolite/checkpoint) --------------
+    # Reading `self.state[master]` builds the whole shard's state in RAM, the very memory
+    # offload saves; checkpoint save.py and load.py use these methods instead, which read and
+    # write the state chunk by chunk. They never run during a step.
+
+    def state_entries(self, master) -> dict | None:
+        """`self.state[master]` with every chunk-shaped entry replaced by a ShardEntry, in the same
+        order; reads no file. None when the shard has no state yet."""
+        chunks = self._by_master.get(master)
+        if not chunks or not chunks[0].has_state:
+            return None
+        self.refuse_if_torn(master)
+        out = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+               for k, v in chunks[0].small.items()}
+        for name, dtype in (self._names or {}).items():
+            out[name] = ShardEntry(dtype, tuple(master.shape))
+        return out
+
+
+    def read_state_slice(self, master, name: str, lo: int, out: torch.Tensor) -> None:
+        """out[:] = elements [lo, lo + out.numel()) of entry `name` of `master`'s state, read from
+        the swap files (or the in-memory chunks) straight into `out` (contiguous, CPU, its dtype)."""
+        self.refuse_if_torn(master)
+        hi = lo + out.numel()
+        for c in self._by_master[master]:
+            a, b = max(lo, c.lo), min(hi, c.hi)
+            if a >= b:
+                continue
+            dst = out[a - lo:b - lo]
+            if c.on_disk:
+                self._files.read(f"{c.key}.{name}", c.slot, a * dst.element_size(), dst)
+            else:
+                dst.copy_(c.resident[name][a - c.lo:b - c.lo])
+
+
+    def stream_state_in(self, master, values: dict, dtypes: dict[str, torch.dtype],
+                            fill) -> None:
+        """Replace `master`'s state chunk by chunk: `values` are the entries that are not
+        chunk-shaped (e.g. Adam's step), `dtypes` the chunk-shaped ones; `fill(name, lo, out)`
+        must fill `out` with that entry's elements [lo, lo + out.numel()). Uses the step's own
+        chunk buffers. Like a step, new values go to the other file slot and the slots flip only
+        once every chunk is written: a failure half-way leaves the previous state intact."""
+        chunks = self._by_master.get(master)
+        if chunks is None:
+            raise KeyError(master)
+        self._learn_names({k: torch.empty(1, dtype=dt) for k, dt in dtypes.items()})
+        if set(dtypes) != set(self._names) or any(self._names[k] != dt for k, dt in dtypes.items()):
+            raise ZeroliteStateError(f"offload_optimizer: state entries {sorted(dtypes)} do not "
+                                     f"match the optimizer's {sorted(self._names)}")
+        buffers, resident = self._pool[0], {}
+        for c in chunks:
+            part = {k: buffers[k][:c.hi - c.lo] for k in dtypes}
+            for k, t in part.items():
+                fill(k, c.lo, t)
+            if c.on_disk:
+                self._store(c, part, 1 - c.slot)
+            else:
+                # Note: resident chunks live where the masters do (untested off the CPU: no GPU here).
+                resident[id(c)] = {k: t.to(c.view.device, copy=True) for k, t in part.items()}
+        for c in chunks:
+            if c.on_disk:
+                c.slot = 1 - c.slot
+            else:
+                c.resident = resident[id(c)]
+            c.small = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+            c.has_state = True
+        self._torn.discard(master)
+
     # -- accounting --------------------------------------------------------------------------
     def offload_stats(self) -> dict:
         """Bytes this rank holds in memory for optimizer state and moves to/from disk."""
@@ -372,3 +435,54 @@ def _to_compute_device(state: dict, device: torch.device) -> dict:
 def _close(io: ThreadPoolExecutor, files: SwapFiles) -> None:
     io.shutdown(wait=True)
     files.close()
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """Placeholder for a chunk-shaped state entry (its values stay in the chunks)."""
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class OffloadedState(MutableMapping):
+    """`optimizer.state` keyed by master shard, as torch and zerolite.checkpoint expect.
+
+    Reading an entry assembles the whole shard's state from its chunks (a temporary copy);
+    writing one stores it into the chunks' files. Membership tests read nothing.
+    """
+
+    def __init__(self, opt: ChunkedOffloadOptimizer):
+        self._opt = opt
+
+    def __getitem__(self, master):
+        state = self._opt._gather_state(master)
+        if state is None:
+            raise KeyError(master)
+        return state
+
+    def __setitem__(self, master, state):
+        self._opt._scatter_state(master, state)
+
+    def __delitem__(self, master):
+        if not self._opt._drop_state(master):
+            raise KeyError(master)
+
+    def pop(self, master, *default):
+        # Note: a torn shard can still be dropped (checkpoint load does that); only reading it fails.
+        if master not in self:
+            if default:
+                return default[0]
+            raise KeyError(master)
+        value = None if master in self._opt._torn else self[master]
+        del self[master]
+        return value
+
+    def __contains__(self, master):
+        chunks = self._opt._by_master.get(master)
+        return bool(chunks) and chunks[0].has_state
+
+    def __iter__(self):
+        return iter([m for m in self._opt._by_master if m in self])
+
+    def __len__(self):
+        return sum(1 for m in self._opt._by_master if m in self)

@@ -1,6 +1,11 @@
 """`offload_param.device: "nvme"` (ZeRO-Infinity's parameter tier, stage 3): every flat's
 compute-dtype shard lives in a file under `nvme_path` and is in RAM only around its gather.
 
+Each such flat's placement is a `FileShard` (zerolite/zero/flat_placement.py, chosen by
+plan.py before the flat is built); one `ParamFiles` holds the files, the read-ahead and the
+spare buffers of all of them, and hands loaded buffers to the flats (`FlatParam.hold_shard` /
+`drop_shard`: only the flat assigns its tensors).
+
 Lifecycle of one flat's shard (`flat.shard` is an empty tensor while it is out):
   fetch       Unit.gather, right before the all-gather: the shard is taken from a finished
               read-ahead, or read now (counted as `wait_s`);
@@ -19,8 +24,8 @@ size than were live at once before. At world 1 the shard is the full buffer, whi
 may hold views of: it is never reused.
 
 Read-ahead: the units fetched in one optimizer step (forward and backward of every micro-step,
-then the re-gathers after the step) are recorded; while the next step fetches in the same
-order, each fetch starts reads for the next `buffer_count` upcoming units on an I/O thread, so
+then the re-gathers after the step) are recorded (a `RecordedOrder`, zerolite/zero/schedule.py);
+while the next step fetches in the same order, each fetch starts reads for the next `buffer_count` upcoming units on an I/O thread, so
 the disk read hides behind compute. A fetch out of the recorded order (dynamic control flow,
 an eval pass) turns read-ahead off until the sequence ends: slower, never wrong.
 
@@ -38,68 +43,80 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from zerolite.offload.swap_files import SwapFiles
+from zerolite.zero.buffer_pool import SpareBuffers
+from zerolite.zero.flat_placement import ShardHome, ShardPlacement
+from zerolite.zero.schedule import RecordedOrder
 
 logger = logging.getLogger("zerolite")
 
 
-class ParamSwap:
-    def __init__(self, units, *, nvme_path: str, rank: int, read_ahead: int,
-                 master_reader=None):
-        """`master_reader(master) -> fp32 tensor` (the chunked optimizer's read_master):
-        flats whose shard is their master and whose master is swapped out read from it."""
+class FileShard(ShardPlacement):
+    """One flat's compute-dtype shard in `files` (or, `from_master`, in the chunked optimizer's
+    master files: fp32 with both offloads, where the shard IS the master)."""
+
+    home = ShardHome.FILE
+
+    def __init__(self, files: "ParamFiles", name: str, from_master):
+        self.files, self.name = files, name
+        self.from_master = from_master
+        """The SwappedMasters the shard is read from, or None (it has a file of its own)."""
+
+    def place(self, flat, shard: torch.Tensor) -> None:
+        self.files.adopt(flat, self, shard)
+        return None  # out of memory until its first gather
+
+    def read(self, flat) -> torch.Tensor:
+        return self.files.read_whole(flat)
+
+    def write(self, flat, lo: int, values: torch.Tensor) -> None:
+        self.files.write(flat, lo, values)
+
+
+class ParamFiles:
+    def __init__(self, *, nvme_path: str, rank: int, read_ahead: int):
         self._files = SwapFiles(nvme_path, rank, block="offload_param")
         self._io = ThreadPoolExecutor(1, thread_name_prefix="zerolite-param-io")
         weakref.finalize(self, _close, self._io, self._files)
         self.read_ahead = read_ahead
-        self._units = units
-        self._name: dict[int, str] = {}
-        self._from_master: set[int] = set()
-        self._reader = master_reader
-        self._spare: dict[tuple, list] = {}
+        self._flats: list = []
+        self._spare = SpareBuffers()
         self._pending: dict[int, tuple] = {}
-        """id(flat) -> (flat, future of its read) for read-aheads not yet used."""
-        self._unit_of = {id(f): u.index for u in units for f in u.flats}
-        self._record: list[int] = []
-        self._seq: list[int] = []
-        self._following = False
+        """id(flat) -> (flat, future of its read, its unit) for read-aheads not yet used."""
+        self._order = RecordedOrder()
+        """Units in fetch order: the last step's (record) and this step's (current)."""
         self.stats = {"reads": 0, "read_ahead_hits": 0, "wait_s": 0.0, "buffers_reused": 0}
-        for unit in units:
-            for pos, flat in enumerate(unit.flats):
-                if master_reader is not None and flat.master is not None \
-                        and flat.master_store is not None and flat.compute_dtype == torch.float32:
-                    self._from_master.add(id(flat))
-                else:
-                    self._name[id(flat)] = f"unit{unit.index}.flat{pos}"
-                    self._files.write(self._name[id(flat)], 0, 0, flat.shard.cpu())
-                flat.shard_store = self
-                gathered_at_world1 = flat.full_is_shard and flat.is_full_allocated
-                if not gathered_at_world1:  # else it is the live full buffer until release
-                    flat.shard = flat._empty
-                    if flat.full_is_shard:
-                        flat.full = flat._empty
-            unit.swap = self
+
+    def placement(self, name: str, from_master=None) -> FileShard:
+        return FileShard(self, name, from_master)
+
+    def adopt(self, flat, where: FileShard, shard: torch.Tensor) -> None:
+        """At the flat's construction: write its initial shard (unless it is read from the
+        master files)."""
+        self._flats.append(flat)
+        if where.from_master is None:
+            self._files.write(where.name, 0, 0, shard.cpu())
 
     # -- reading ---------------------------------------------------------------------------
     def _buffer(self, flat) -> torch.Tensor | None:
         """A spare read buffer of the flat's shard size (see [Note: spare read buffers])."""
-        free = self._spare.get((flat.shard_numel, flat.compute_dtype))
-        if not free:
-            return None
-        self.stats["buffers_reused"] += 1
-        return free.pop()
+        buf = self._spare.take((flat.shard_numel, flat.compute_dtype))
+        if buf is not None:
+            self.stats["buffers_reused"] += 1
+        return buf
 
     def _recycle(self, flat, buf: torch.Tensor) -> None:
         """Keep `buf` (no longer referenced by the flat) as a spare, where that is safe."""
         if not flat.full_is_shard and buf.device.type == "cpu":
-            self._spare.setdefault((flat.shard_numel, flat.compute_dtype), []).append(buf)
+            self._spare.give((flat.shard_numel, flat.compute_dtype), buf)
 
     def _read(self, flat, buf=None) -> torch.Tensor:
-        if id(flat) in self._from_master:
-            return self._reader(flat.master, buf)
+        where = flat.placement.shard
+        if where.from_master is not None:
+            return where.from_master.read(flat.master, buf)
         if buf is None:
             buf = torch.empty(flat.shard_numel, dtype=flat.compute_dtype)
-        self._files.read(self._name[id(flat)], 0, 0, buf)
-        return buf.to(flat._empty.device)  # Note: accelerator copy untested (no GPU here)
+        self._files.read(where.name, 0, 0, buf)
+        return buf.to(flat.device)  # Note: accelerator copy untested (no GPU here)
 
     def _take(self, flat) -> torch.Tensor:
         item = self._pending.pop(id(flat), None)
@@ -114,52 +131,43 @@ class ParamSwap:
     def fetch(self, unit) -> None:
         """Put every flat's shard of `unit` in RAM (before its all-gather)."""
         for flat in unit.flats:
-            if flat.shard.numel() == 0 and flat.shard_numel > 0:
-                flat.shard = self._take(flat)
-                if flat.full_is_shard:
-                    flat.full = flat.shard
-        k = len(self._seq)
-        self._seq.append(unit.index)
-        self._following = self._following and k < len(self._record) \
-            and self._record[k] == unit.index
-        if self._following:
-            self._read_ahead(self._record[k + 1:])
+            if not flat.shard_loaded:
+                flat.hold_shard(self._take(flat))
+        if self._order.follow(unit):
+            self._read_ahead(self._order.upcoming())
 
-    def _read_ahead(self, upcoming: list[int]) -> None:
+    def _read_ahead(self, upcoming: list) -> None:
         queued = set(self._pending)
-        issued = {self._unit_of[i] for i in queued}
-        for index in upcoming:
+        issued = {unit for _, _, unit in self._pending.values()}
+        for unit in upcoming:
             if len(issued) >= self.read_ahead:
                 return
-            issued.add(index)
-            for flat in self._units[index].flats:
-                if id(flat) not in queued and flat.shard.numel() == 0 and flat.shard_numel:
+            issued.add(unit)
+            for flat in unit.flats:
+                if id(flat) not in queued and not flat.shard_loaded:
                     self._pending[id(flat)] = (flat, self._io.submit(self._read, flat,
-                                                                   self._buffer(flat)))
+                                                                   self._buffer(flat)), unit)
 
     def after_gather(self, unit) -> None:
-        self._drop(unit, [f for f in unit.flats if not f.full_is_shard])
+        self._drop([f for f in unit.flats if not f.full_is_shard])
 
     def after_release(self, unit) -> None:
-        self._drop(unit, [f for f in unit.flats if f.full_is_shard])
+        self._drop([f for f in unit.flats if f.full_is_shard])
 
-    def _drop(self, unit, flats) -> None:
+    def _drop(self, flats) -> None:
         dropped = False
         for flat in flats:
             if flat.shard.numel():
-                self._recycle(flat, flat.shard)
-                flat.shard = flat._empty
-                if flat.full_is_shard:
-                    flat.full = flat._empty
+                self._recycle(flat, flat.drop_shard())
                 dropped = True
-        if dropped and self._following:
+        if dropped and self._order.following:
             # The read-ahead skipped this unit while its buffer was loaded (e.g. its forward
             # gather, with its backward gather next): now its next use can be read ahead.
-            self._read_ahead(self._record[len(self._seq):])
+            self._read_ahead(self._order.upcoming())
 
     def read_whole(self, flat) -> torch.Tensor:
         """The flat's current shard values (the loaded buffer, or a fresh read)."""
-        if flat.shard.numel() or not flat.shard_numel:
+        if flat.shard_loaded:
             return flat.shard
         self._drop_pending(flat)
         return self._read(flat)
@@ -168,10 +176,11 @@ class ParamSwap:
     def write(self, flat, lo: int, values: torch.Tensor) -> None:
         values = values.detach().reshape(-1).to(flat.compute_dtype)
         self._drop_pending(flat)  # a read-ahead of the old values must not be used
-        if id(flat) not in self._from_master:  # else the optimizer wrote its master files
-            self._files.write(self._name[id(flat)], 0, lo * values.element_size(), values.cpu())
+        where = flat.placement.shard
+        if where.from_master is None:  # else the optimizer wrote its master files
+            self._files.write(where.name, 0, lo * values.element_size(), values.cpu())
         if flat.shard.numel():
-            flat.shard[lo:lo + values.numel()].copy_(values)
+            flat.copy_into_shard(lo, values)
 
     def _drop_pending(self, flat) -> None:
         item = self._pending.pop(id(flat), None)
@@ -180,31 +189,34 @@ class ParamSwap:
 
     def new_sequence(self) -> None:
         """After an optimizer step: drop unused read-aheads, keep this step's fetch order."""
-        for flat, fut in self._pending.values():
+        for flat, fut, _ in self._pending.values():
             self._recycle(flat, fut.result())
         self._pending.clear()
-        if self._seq:
-            self._record, self._seq = self._seq, []
+        self._order.roll()
         # The first gathers of the next step (re-gathered persistent units, then forward)
         # are read now, behind whatever runs before them (data loading, logging).
-        self._following = bool(self._record)
-        self._read_ahead(self._record)
+        self._read_ahead(self._order.upcoming())
+
+    def read_ahead_flats(self) -> list:
+        """Flats whose shard is being read ahead (and not used yet)."""
+        return [flat for flat, _, _ in self._pending.values()]
 
     # -- accounting ---------------------------------------------------------------------------
     def read_buffer_bytes(self) -> int:
         """Host bytes of shard buffers held apart from the flats: spares and read-aheads."""
-        spare = sum(b.numel() * b.element_size() for free in self._spare.values() for b in free)
-        pending = sum(f.shard_numel * f.shard.element_size() for f, _ in self._pending.values())
-        return spare + pending
+        pending = sum(f.shard_numel * f.shard.element_size() for f, _, _ in
+                      self._pending.values())
+        return self._spare.held_bytes() + pending
 
     def offload_stats(self) -> dict:
-        loaded = sum(f.shard.numel() * f.shard.element_size() for u in self._units
-                     for f in u.flats)
-        pending = sum(f.shard_numel * f.shard.element_size() for f, _ in self._pending.values())
+        loaded = sum(f.shard.numel() * f.shard.element_size() for f in self._flats)
+        pending = sum(f.shard_numel * f.shard.element_size() for f, _, _ in
+                      self._pending.values())
         return {**self.stats, "resident_shard_bytes": loaded, "read_ahead_bytes": pending,
                 "disk_bytes": self._files.disk_bytes(), "bytes_read": self._files.bytes_read,
                 "bytes_written": self._files.bytes_written, "swap_dir": self._files.dir,
-                "shards_from_master_files": len(self._from_master)}
+                "shards_from_master_files": sum(f.placement.shard.from_master is not None
+                                                for f in self._flats)}
 
 
 def _close(io: ThreadPoolExecutor, files: SwapFiles) -> None:

@@ -41,7 +41,7 @@ def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
     sixteen = precision != "fp32"
     moments = optimizer * (8 / 12 if sixteen else 1.0)
     masters = optimizer - moments  # 0 with fp32: the master IS the param shard
-    ratio = block["ratio"] if block else 1.0
+    ratio = block.ratio if block else 1.0
     shard = num_params / (world_size if stage >= 1 else 1)
     per_elem = (_MOMENTS + (1 if sixteen else 0)) * 4
     buffers = 2 * per_elem * min(sub_group_size, shard)
@@ -65,7 +65,7 @@ def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
     # master copy becomes the shard.
     out["cpu+params"] = {"device": out["cpu"]["device"] - row["params"], "host": host,
                          "disk": 0.0}
-    count = param_block["buffer_count"] if param_block else 5
+    count = param_block.buffer_count if param_block else 5
     read_ahead = row["params"] if largest_unit is None else \
         min(row["params"], count * row["params"] * largest_unit / num_params)
     if sixteen:
@@ -84,8 +84,8 @@ def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
 
 def configured_choice(zc) -> str:
     """The row of offload_bytes that `zc` (a ZeroOptimizationConfig) selects."""
-    opt = (zc.offload_optimizer or {"device": "none"})["device"]
-    param = (zc.offload_param or {"device": "none"})["device"]
+    opt = zc.offload_optimizer.device if zc.offload_optimizer else "none"
+    param = zc.offload_param.device if zc.offload_param else "none"
     if param == "nvme":
         return "nvme+params" if opt == "nvme" else "params"
     return "cpu+params" if param == "cpu" else opt

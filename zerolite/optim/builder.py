@@ -42,7 +42,7 @@ def _optimizer_class(type_name: str, params: dict, cpu_optimizer: bool):
     return table[name]
 
 
-def _accepted_kwargs(cls, params: dict) -> dict:
+def accepted_kwargs(cls, params: dict) -> dict:
     params = dict(params)
     if "adam_w_mode" in params:  # DeepSpeedCPUAdam spells it adamw_mode
         params.setdefault("adamw_mode", params["adam_w_mode"])
@@ -82,7 +82,7 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     # zerolite.config, which also validated every value.
     params = dict(opt_params or {})
     cls = _optimizer_class(opt_type, params, cpu_optimizer)
-    kwargs = _accepted_kwargs(cls, params)
+    kwargs = accepted_kwargs(cls, params)
     if _host_fused_adam(cls, params, master_groups):
         kwargs["fused"] = True
     return cls(master_groups, **kwargs)

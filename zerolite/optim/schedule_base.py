@@ -29,7 +29,7 @@ def _checked(type_name: str, **given: Any) -> Dict[str, Any]:
     return {k: out.get(k) for k in given}
 
 
-def _torch_optimizer(optimizer: Any):
+def torch_optimizer(optimizer: Any):
     """The object whose ``param_groups`` the schedule writes (unwraps ``.optimizer`` once)."""
     if isinstance(getattr(optimizer, "param_groups", None), list):
         return optimizer
@@ -66,7 +66,7 @@ class _Schedule:
         return self
 
     def _setup(self, optimizer: Any, last_batch_iteration: int) -> None:
-        self.optimizer = _torch_optimizer(optimizer)
+        self.optimizer = torch_optimizer(optimizer)
         if not self.optimizer.param_groups:
             raise ValueError("optimizer has no param groups")
         self.last_batch_iteration = last_batch_iteration

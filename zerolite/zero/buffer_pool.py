@@ -25,9 +25,33 @@ def _key(t: torch.Tensor) -> tuple:
     return t.numel(), t.dtype, t.device
 
 
-class BufferPool:
+class SpareBuffers:
+    """The free list: buffers kept for reuse, keyed by what makes them interchangeable. Used
+    by BufferPool (full buffers) and by offload_param's shard reads (offload/param_swap.py)."""
+
     def __init__(self):
         self._free: dict[tuple, list[torch.Tensor]] = {}
+
+    def take(self, key: tuple) -> torch.Tensor | None:
+        free = self._free.get(key)
+        return free.pop() if free else None
+
+    def give(self, key: tuple, buf: torch.Tensor) -> None:
+        self._free.setdefault(key, []).append(buf)
+
+    def held_bytes(self) -> int:
+        return sum(b.untyped_storage().nbytes() for free in self._free.values() for b in free)
+
+    def clear(self) -> int:
+        """Drop every spare; returns the bytes dropped."""
+        dropped = self.held_bytes()
+        self._free.clear()
+        return dropped
+
+
+class BufferPool:
+    def __init__(self):
+        self._free = SpareBuffers()
         self._owners: dict[int, object] = {}
         """storage data_ptr -> owner (a FlatParam) of buffers holding gathered params."""
         self.created = 0
@@ -39,9 +63,8 @@ class BufferPool:
 
     def take(self, numel: int, dtype: torch.dtype, device, owner=None) -> torch.Tensor:
         """A 1-D buffer of `numel` elements with undefined contents."""
-        free = self._free.get((numel, dtype, torch.device(device)))
-        if free:
-            buf = free.pop()
+        buf = self._free.take((numel, dtype, torch.device(device)))
+        if buf is not None:
             self.reused += 1
         else:
             buf = torch.empty(numel, dtype=dtype, device=device)
@@ -58,7 +81,7 @@ class BufferPool:
         if self.reuse_blocked:
             self.created_bytes -= buf.untyped_storage().nbytes()
             return
-        self._free.setdefault(_key(buf), []).append(buf)
+        self._free.give(_key(buf), buf)
 
     def owner_of(self, t: torch.Tensor):
         """The owner whose in-use pooled buffer `t` is a view of, else None."""
@@ -72,11 +95,8 @@ class BufferPool:
 
     def held_bytes(self) -> int:
         """Bytes of the buffers the pool keeps for reuse right now (not those in use)."""
-        return sum(b.untyped_storage().nbytes() for free in self._free.values() for b in free)
+        return self._free.held_bytes()
 
     def clear(self) -> None:
         """Drop every free buffer (e.g. before a phase that needs the memory)."""
-        for free in self._free.values():
-            for b in free:
-                self.created_bytes -= b.untyped_storage().nbytes()
-        self._free.clear()
+        self.created_bytes -= self._free.clear()

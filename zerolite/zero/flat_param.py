@@ -19,7 +19,9 @@ import torch
 import torch.nn as nn
 
 from zerolite.comm.collectives import broadcast
+from zerolite.errors import ZeroliteStateError
 from zerolite.zero.buffer_pool import BufferPool
+from zerolite.zero.flat_placement import ON_DEVICE, FlatPlacement, FlatSpec, MasterHome
 from zerolite.zero.sliced_param import copy_full_value, full_shape
 from zerolite.zero.shard_math import rank_range, shard_numel
 
@@ -38,13 +40,24 @@ class ParamSlot:
     def name(self) -> str:
         return self.names[0]
 
+    def flat_view(self, flat: torch.Tensor) -> torch.Tensor:
+        """This parameter's elements of a flat-shaped (full, padded) tensor, 1-D."""
+        return flat[self.offset:self.offset + self.numel]
+
+    def view(self, flat: torch.Tensor) -> torch.Tensor:
+        """This parameter's elements of a flat-shaped tensor, in the parameter's shape."""
+        return self.flat_view(flat).view(self.shape)
+
 
 class FlatParam:
-    """A padded flat buffer of parameters: the local shard always, the full buffer on demand."""
+    """A padded flat buffer of parameters: the local shard always, the full buffer on demand.
+
+    Where the shard and the fp32 master live is its `placement` (flat_placement.py), given
+    at construction and never changed; only this class assigns its tensors."""
 
     def __init__(self, params: list[tuple[tuple[str, ...], nn.Parameter]], *, rank: int,
                  partitions: int, compute_dtype: torch.dtype, group_index: int | None,
-                 pool: BufferPool | None = None):
+                 pool: BufferPool | None = None, placement: FlatPlacement | None = None):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -64,131 +77,143 @@ class FlatParam:
         self.numel = offset
         self.shard_numel = shard_numel(offset, partitions)
         self.padded_numel = self.shard_numel * partitions
+        optimized = group_index is not None and self.requires_grad
+        if placement is None:
+            placement = ON_DEVICE.placement_for(FlatSpec(0, 0, self.shard_numel, optimized,
+                                                         compute_dtype, device))
+        if (placement.master_home is MasterHome.NONE) == optimized:
+            raise ZeroliteStateError(f"{self!r}: placement {placement} does not match "
+                                     f"optimized={optimized}; this is a zerolite bug")
+        self.placement = placement
+        self.pool = pool if pool is not None else BufferPool()
+        self._empty = torch.empty(0, dtype=compute_dtype, device=device)
 
         # Build the fp32 flat copy from the ORIGINAL values (before any cast to 16 bit),
         # make it identical on every rank, and keep only this rank's slice.
         flat32 = torch.zeros(self.padded_numel, dtype=torch.float32, device=device)
         for slot, p in zip(slots, self.params):
-            copy_full_value(p, flat32[slot.offset:slot.offset + slot.numel])
+            copy_full_value(p, slot.flat_view(flat32))
         broadcast(flat32, src=0)
         shard32 = self.local_shard_of(flat32).clone()
         del flat32
+        master = nn.Parameter(shard32) if optimized else None
+        # fp32 training: the master IS the param shard (until a placement moves the master)
+        shard = master.data if compute_dtype == torch.float32 and master is not None \
+            else shard32.to(compute_dtype)
         self.master: nn.Parameter | None = None
         """fp32 master shard the optimizer updates (only for optimized params)."""
-        if group_index is not None and self.requires_grad:
-            self.master = nn.Parameter(shard32)
-        if compute_dtype == torch.float32 and self.master is not None:
-            self.shard = self.master.data  # fp32 training: the master IS the param shard
-        else:
-            self.shard = shard32.to(compute_dtype)
-        self.master_store = None
-        """Set by zerolite.offload when the master lives in swap files (read_master /
-        write_master); `master.data` is then a placeholder (see chunked_optimizer.py)."""
-        self.shard_store = None
-        """Set by zerolite.offload.param_swap when the shard lives in a file; `shard` is then
-        empty except around its gather."""
-        self.pool = pool if pool is not None else BufferPool()
-        self._empty = torch.empty(0, dtype=compute_dtype, device=device)
-        self.full = self.shard if partitions == 1 else self._empty
+        self.shard = shard
+        if master is not None:
+            self.master = placement.master.place(self, master)
+        placed = placement.shard.place(self, shard)
+        self.shard = self._empty if placed is None else placed
+        """This rank's compute-dtype shard; an empty tensor while it is out of memory
+        (ShardHome.FILE between gathers)."""
+        self.full = self._empty
         """The gathered buffer while gathered (a pooled one, or the shard itself with one
         partition); an empty tensor otherwise."""
-        self._gathered = False
         self.grad_buffer: torch.Tensor | None = None
         """Full-size gradient buffer, alive only while this unit's grads are collected."""
         self.grads_ready = 0
-        self.host_link = None
-        """offload 'cpu': this flat's host-side master / shard (offload/host_placement.py)."""
-        self.shard_on_host = False
-        """offload_param 'cpu': the shard lives in host memory, copied in per gather."""
         self.free_full()
+
+    @property
+    def device(self) -> torch.device:
+        return self._empty.device
 
     # -- full buffer -------------------------------------------------------------------
     @property
-    def world_size(self) -> int:
-        return self.partitions
-
-    @property
     def is_full_allocated(self) -> bool:
-        return self._gathered
+        """The full buffer is held (between a gather's start and its release)."""
+        return self.full is not self._empty
 
     @property
     def full_is_shard(self) -> bool:
         """One partition: the full buffer is the shard, gathering copies nothing."""
-        return self.partitions == 1 and not self.shard_on_host
+        return self.partitions == 1 and self.placement.shard.full_is_shard_capable
 
     def gather_source(self) -> torch.Tensor:
         """The shard as the all-gather reads it, on the device."""
-        return self.host_link.shard_on_device() if self.shard_on_host else self.shard
+        return self.placement.shard.gather_source(self)
 
     def alloc_full(self) -> torch.Tensor:
-        if not self._gathered:
-            if not self.full_is_shard:
+        if not self.is_full_allocated:
+            if self.full_is_shard:
+                self.full = self.shard
+            else:
                 self.full = self.pool.take(self.padded_numel, self.compute_dtype,
-                                           self._empty.device, owner=self)
-            self._gathered = True
+                                           self.device, owner=self)
         return self.full
 
     def free_full(self) -> None:
         """Give the full buffer back and point every param at an empty tensor."""
         for p in self.params:
             p.data = self._empty
-        if self._gathered and not self.full_is_shard:
+        if self.is_full_allocated and not self.full_is_shard:
             self.pool.give(self.full)
-            self.full = self._empty
-        self._gathered = False
+        self.full = self._empty
 
     def use_full_views(self) -> None:
         """Make each param's `.data` a view into the (gathered) full buffer."""
         for slot, p in zip(self.slots, self.params):
-            p.data = self.full[slot.offset:slot.offset + slot.numel].view(slot.shape)
+            p.data = slot.view(self.full)
+
+    # -- the shard's memory (placements out of memory: ShardHome.FILE) -------------------
+    @property
+    def shard_loaded(self) -> bool:
+        return self.shard is not self._empty or self.shard_numel == 0
+
+    def hold_shard(self, buf: torch.Tensor) -> None:
+        """Take `buf` (this rank's shard values, read back into memory) as the shard."""
+        self.shard = buf
+        if self.full_is_shard and self.is_full_allocated:
+            self.full = buf
+
+    def drop_shard(self) -> torch.Tensor:
+        """Let go of the in-memory shard (its placement keeps the values); returns it."""
+        buf, self.shard = self.shard, self._empty
+        if self.full_is_shard and self.full is buf:
+            self.full = self._empty
+        return buf
 
     def refresh_shard_from_master(self) -> None:
-        if self.host_link is not None:  # offload 'cpu': the host master to the device
-            self.host_link.refresh()
-            return
-        # A swapped-out master's store writes the compute-dtype shard itself (offload/).
-        if self.master is None or self.master_store is not None:
-            return
-        if self.shard_store is not None:  # the shard lives in a file (offload_param)
-            self.shard_store.write(self, 0, self.master.detach())
-        elif self.shard.data_ptr() != self.master.data_ptr():
-            self.shard.copy_(self.master.detach())
+        """After an optimizer step (or a write of the master): the new master values into
+        the compute-dtype shard, wherever each lives."""
+        if self.master is not None:
+            self.placement.master.refresh_shard(self)
 
     # -- the compute-dtype shard, wherever it lives --------------------------------------
     def shard_value(self) -> torch.Tensor:
         """This rank's compute-dtype shard: `shard`, or read from its offload file while it
         is out of RAM (offload_param)."""
-        return self.shard if self.shard_store is None else self.shard_store.read_whole(self)
+        return self.placement.shard.read(self)
 
     def write_shard(self, lo: int, values: torch.Tensor) -> None:
         """Write `values` (cast to the compute dtype) into the shard from element `lo`."""
-        if self.shard_store is not None:
-            self.shard_store.write(self, lo, values)
-        else:
-            self.shard[lo:lo + values.numel()].copy_(values)
+        self.placement.shard.write(self, lo, values)
+
+    def copy_into_shard(self, lo: int, values: torch.Tensor) -> None:
+        """Write `values` into the in-memory shard tensor (placements call this)."""
+        self.shard[lo:lo + values.numel()].copy_(values.reshape(-1))
 
     # -- the fp32 master, wherever it lives ----------------------------------------------
     def master_value(self) -> torch.Tensor:
         """This rank's fp32 master values: the master itself, or (swapped out to the offload
         files) a temporary copy read from them."""
-        if self.master_store is not None:
-            return self.master_store.read_master(self.master)
-        return self.master.detach()
+        return self.placement.master.read(self)
 
     def write_master(self, value: torch.Tensor) -> None:
         """Overwrite the whole fp32 master shard (and, when swapped out, the compute shard
         the store derives from it)."""
-        if self.master_store is not None:
-            self.master_store.write_master(self.master, value)
-        else:
-            self.master.data.copy_(value)
+        self.placement.master.write(self, value)
 
     def master_nbytes(self) -> int:
         """RAM the fp32 master takes beyond the compute-dtype shard."""
-        if self.master is None or self.master_store is not None \
-                or self.master.data_ptr() == self.shard.data_ptr():
-            return 0
-        return self.master.numel() * self.master.element_size()
+        return self.placement.master.resident_nbytes(self)
+
+    def take_grad_shard(self, shard: torch.Tensor, name: str) -> None:
+        """A reduced fp32 gradient shard for the master (added to one already there)."""
+        self.placement.master.take_grad_shard(self, shard, name)
 
     # -- gradients ---------------------------------------------------------------------
     def take_param_grad(self, index: int) -> bool:
@@ -200,10 +225,10 @@ class FlatParam:
             # once), so only the padding needs zeros; untouched slots are zeroed when the
             # flat's grads are complete (`zero_missing_slots`).
             self.grad_buffer = self.pool.take(self.padded_numel, torch.float32,
-                                              self._empty.device)
+                                              self.device)
             self.grad_buffer[self.numel:].zero_()
             self._slot_written = [False] * len(self.slots)
-        view = self.grad_buffer[slot.offset:slot.offset + slot.numel]
+        view = slot.flat_view(self.grad_buffer)
         if p.grad is None:
             if not self._slot_written[index]:
                 view.zero_()
@@ -221,7 +246,7 @@ class FlatParam:
         buf = self.grad_buffer
         for slot, written in zip(self.slots, self._slot_written):
             if not written:
-                buf[slot.offset:slot.offset + slot.numel].zero_()
+                slot.flat_view(buf).zero_()
         self.grad_buffer = None
         self.grads_ready = 0
         return buf

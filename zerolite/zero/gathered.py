@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from zerolite.errors import ZeroliteConfigError
+from zerolite.zero.flat_placement import MasterHome, ShardHome
 from zerolite.zero.sliced_param import broadcast_, gather_partitioned, release_partitioned
 from zerolite.zero.shard_math import overlap, rank_range
 from zerolite.zero.unit import UnitState
@@ -112,7 +113,7 @@ class GatheredParameters:
             if handle is None:
                 continue
             flat, slot = handle.flat, handle.flat.slots[handle.index]
-            full_view = flat.full[slot.offset:slot.offset + slot.numel]
+            full_view = slot.flat_view(flat.full)
             value = p.detach()
             if tuple(value.shape) != tuple(slot.shape):
                 raise ZeroliteConfigError(
@@ -124,9 +125,10 @@ class GatheredParameters:
             # This rank's part of [offset, offset + numel) in flat coordinates.
             mine = rank_range(flat.rank, flat.shard_numel)
             part = overlap((slot.offset, slot.offset + slot.numel), mine)
-            if flat.master is not None and flat.master_store is None:
+            home = flat.placement.master_home
+            if home in (MasterHome.DEVICE, MasterHome.SHARD, MasterHome.HOST):
                 target = flat.master.data
-            elif flat.master is None and flat.shard_store is None:
+            elif home is MasterHome.NONE and flat.placement.shard.home is not ShardHome.FILE:
                 target = flat.shard
             else:  # the value lives in offload files: edit a copy, written back below
                 target = edited.get(id(flat))

@@ -54,12 +54,7 @@ class GradReduction:
         self._inflight_numel -= flat.padded_numel
         if shard.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
             flat.pool.give(buf)  # else the shard is the buffer itself (one partition)
-        if flat.host_link is not None and flat.host_link.master_on_host:
-            flat.host_link.take_grad_shard(shard, name)  # to host memory (offload 'cpu')
-        elif flat.master.grad is None:
-            flat.master.grad = shard
-        else:
-            flat.master.grad.add_(shard)
+        flat.take_grad_shard(shard, name)  # wherever the master lives (flat_placement.py)
 
     def drain(self, units: list[Unit]) -> None:
         """Launch what is left (params that got no grad count as zero) and wait for all."""

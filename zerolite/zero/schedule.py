@@ -23,15 +23,47 @@ logger = logging.getLogger("zerolite")
 
 
 @dataclass
-class _Phase:
-    record: list[int] = field(default_factory=list)
+class RecordedOrder:
+    """Record-and-follow: the order items were used in last time (`record`) and this time
+    (`current`). Used by the prefetch scheduler (per phase) and by offload_param's read-ahead
+    (zerolite/offload/param_swap.py)."""
+
+    record: list = field(default_factory=list)
     """Order seen in the previous step (what we prefetch from)."""
-    current: list[int] = field(default_factory=list)
+    current: list = field(default_factory=list)
     """Order being seen in this step."""
     diverged: bool = False
 
     def position(self) -> int:
         return len(self.current)
+
+    def follow(self, item) -> bool:
+        """Note that `item` is used now; True while this step still follows the record."""
+        pos = len(self.current)
+        self.current.append(item)
+        if not self.diverged and self.record and (pos >= len(self.record)
+                                                  or self.record[pos] != item):
+            self.diverged = True
+        return self.following
+
+    @property
+    def following(self) -> bool:
+        return bool(self.record) and not self.diverged
+
+    def upcoming(self) -> list:
+        """What the record says comes after the items used so far."""
+        return self.record[len(self.current):]
+
+    def roll(self) -> bool:
+        """End of a step: this step's order (if any) becomes the record. True when it
+        differed from a previous record."""
+        changed = bool(self.current) and bool(self.record) and self.current != self.record
+        if self.current:
+            self.record = self.current
+        self.current = []
+        self.diverged = False
+        return changed
+
 
 
 class PrefetchScheduler:
@@ -41,14 +73,14 @@ class PrefetchScheduler:
         self.enabled = enabled
         self.prefetch_numel = prefetch_numel
         self.max_live_numel = max_live_numel
-        self.forward = _Phase()
-        self.backward = _Phase()
-        self.inference = _Phase()
+        self.forward = RecordedOrder()
+        self.backward = RecordedOrder()
+        self.inference = RecordedOrder()
         """Forwards without autograd (eval / no_grad) have an order of their own."""
         self.order_changes = 0
         """How many times a step's order differed from the record (for tests and logs)."""
 
-    def first_units(self, phase: _Phase, is_live, live_numel: int,
+    def first_units(self, phase: RecordedOrder, is_live, live_numel: int,
                     in_flight_numel: int) -> list[int]:
         """Units to prefetch before `phase` starts (e.g. backward's first units while the
         loss is computed), from the same budgets."""
@@ -56,7 +88,7 @@ class PrefetchScheduler:
             return []
         return self._picks(phase.record, -1, is_live, live_numel, in_flight_numel)
 
-    def on_use(self, phase: _Phase, unit_index: int, is_live, live_numel: int,
+    def on_use(self, phase: RecordedOrder, unit_index: int, is_live, live_numel: int,
                in_flight_numel: int) -> list[int]:
         """Note that `unit_index` is needed now; return units to prefetch (in order).
 
@@ -64,13 +96,12 @@ class PrefetchScheduler:
         `in_flight_numel` are the engine's current accounting.
         """
         pos = phase.position()
-        phase.current.append(unit_index)
-        if not phase.diverged and (pos >= len(phase.record) or phase.record[pos] != unit_index):
-            if phase.record:
-                phase.diverged = True
-                logger.debug("zerolite: unit order changed at position %d (unit %d, expected "
-                             "%s); gathering on demand until the next step", pos, unit_index,
-                             phase.record[pos] if pos < len(phase.record) else "end")
+        was_diverged = phase.diverged
+        phase.follow(unit_index)
+        if phase.diverged and not was_diverged:
+            logger.debug("zerolite: unit order changed at position %d (unit %d, expected "
+                         "%s); gathering on demand until the next step", pos, unit_index,
+                         phase.record[pos] if pos < len(phase.record) else "end")
         if not self.enabled or phase.diverged or not phase.record:
             return []
         return self._picks(phase.record, pos, is_live, live_numel, in_flight_numel, unit_index)
@@ -99,15 +130,10 @@ class PrefetchScheduler:
     def end_step(self) -> None:
         """Roll the recorded orders over (called once backward is complete)."""
         for phase in (self.forward, self.backward):
-            if phase.current and phase.current != phase.record:
-                if phase.record:
-                    self.order_changes += 1
-                phase.record = phase.current
-            phase.current = []
-            phase.diverged = False
+            self.order_changes += phase.roll()
 
     @property
-    def phases(self) -> tuple[_Phase, _Phase, _Phase]:
+    def phases(self) -> tuple[RecordedOrder, RecordedOrder, RecordedOrder]:
         return self.forward, self.backward, self.inference
 
     def forget(self) -> None:
@@ -118,8 +144,4 @@ class PrefetchScheduler:
 
     def end_inference(self) -> None:
         """A forward without autograd ended: roll its own record, not the training one."""
-        phase = self.inference
-        if phase.current:
-            phase.record = phase.current
-        phase.current = []
-        phase.diverged = False
+        self.inference.roll()

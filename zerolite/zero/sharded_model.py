@@ -1,6 +1,6 @@
 """ShardedModel: turns a module into units of flat, sharded params and runs their lifecycle.
 
-One engine, four stages (DESIGN.md):
+One engine, four stages:
   stage 3  releases a unit's full params after each use; grads reduce-scattered in backward
   stage 2  keeps full params; grads reduce-scattered in backward into fp32 shards
   stage 1  keeps full params and full fp32 grads (accumulated over micro-steps); reduce-
@@ -9,6 +9,7 @@ One engine, four stages (DESIGN.md):
 """
 from __future__ import annotations
 
+import enum
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from zerolite.config.zero_blocks import DEFAULT_LEAF_MODULE_CLASSES
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.buffer_pool import BufferPool
 from zerolite.zero.flat_param import FlatParam
+from zerolite.zero.flat_placement import ON_DEVICE, FlatSpec, PlacementPlan
 from zerolite.zero.hooks import install_grad_hooks
 from zerolite.zero.leaf_modules import apply_leaf_module_config, tag_leaf_parameters
 from zerolite.zero.module_hooks import ParameterOffload
@@ -29,6 +31,7 @@ from zerolite.zero.param_status import ZeroParamType
 from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
 from zerolite.zero.grad_reduction import GradReduction
 from zerolite.zero.residency import Residency
+from zerolite.zero.shard_math import shard_numel
 from zerolite.zero.saved_views import SavedViewHooks
 from zerolite.zero.step_stats import StatsRecorder
 from zerolite.zero.unit import Unit, UnitState
@@ -85,21 +88,65 @@ class ShardingOptions:
                    leaf_module=zc.leaf_module)
 
 
+class TrainingState(enum.Enum):
+    """The phase the sharded model is in; `ShardedModel.state` is its only record.
+
+    IDLE      between steps, or a forward that did not come through the engine
+    FORWARD   an engine forward (the saved-view hooks are active)
+    BACKWARD  from the first unit backward or param grad until finish_backward
+    """
+
+    IDLE = "idle"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+@dataclass
+class GradSync:
+    """When a backward's gradients are reduced (the policy; FSDP2's set_requires_gradient_sync).
+
+    [Note: deferred reduction] Stage 1 always keeps full fp32 gradients over the micro-steps
+    and reduce-scatters them once at the optimizer step; `no_sync()` (stages 0-1) does the
+    same for the backwards inside it; `zerolite.reduce_once_per_step` (stages 2-3) defers
+    every backward except the accumulation boundary's, which reduces everything."""
+
+    reduce_at_step: bool = False
+    """Stage 1: reduce at the optimizer step, never in backward."""
+    once_per_step: bool = False
+    """zerolite.reduce_once_per_step."""
+    requires_sync: bool = True
+    """False inside engine.no_sync()."""
+    at_boundary: bool = True
+    """Is the current backward the accumulation boundary's? (set by the engine)"""
+
+    @property
+    def deferring(self) -> bool:
+        """Gradients of this backward stay in the full buffers (reduced later)."""
+        return self.reduce_at_step or not self.requires_sync \
+            or (self.once_per_step and not self.at_boundary)
+
+    @property
+    def reduce_at_optimizer_step(self) -> bool:
+        """The optimizer step itself must reduce what is still in full buffers."""
+        return self.reduce_at_step or not self.requires_sync
+
+
 class ShardedModel:
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype,
                  group_of: dict[nn.Parameter, int], rank: int, world_size: int,
                  options: ShardingOptions | None = None, unit_policy: UnitPolicy | None = None,
                  reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None,
-                 device_layer=None):
+                 device_layer=None, plan: PlacementPlan = ON_DEVICE):
         options = options or ShardingOptions()
         self.module = module
         self.options = options
         self.stage = options.stage
-        self.defer_reduce = self.stage == 1
-        """Stage 1 (and no_sync): accumulate full grads, reduce at the optimizer step."""
-        self.reduce_once_per_step = options.reduce_once_per_step
-        self.at_boundary = True
-        """Set by the engine before each backward: is this the accumulation boundary?"""
+        self.plan = plan
+        """Where each flat's shard and master live (flat_placement.py), chosen per flat as
+        the flats are built; also told around gathers and after each step."""
+        self.grad_sync = GradSync(reduce_at_step=self.stage == 1,
+                                  once_per_step=options.reduce_once_per_step)
+        self.state = TrainingState.IDLE
         self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype
@@ -118,14 +165,13 @@ class ShardedModel:
         per_unit: list[list[nn.Parameter]] = [[] for _ in range(len(unit_modules) + 1)]
         for p in names:  # model order
             per_unit[owner[p]].append(p)
+        flats = self._build_flats(per_unit, names, group_of)
         self.units: list[Unit] = []
-        for index, params in enumerate(per_unit):
+        for index, unit_flats in enumerate(flats):
             name, mod = ("", module) if index == 0 else unit_modules[index - 1]
-            self.units.append(Unit(index, name, mod, self._build_flats(params, names, group_of)))
+            self.units.append(Unit(index, name, mod, unit_flats, plan))
         self._unit_of = {id(f): u for u in self.units for f in u.flats}
         self.saved_views = SavedViewHooks(self.pool, self._regather_for_backward)
-        self._views_active = False
-        self.in_backward = False
         self.stats = StatsRecorder(trace=options.trace, layer=device_layer)
         self.residency = Residency(self.units, self.gatherer, stage=self.stage,
                                    prefetch_numel=options.prefetch_numel,
@@ -135,13 +181,9 @@ class ShardedModel:
                                    stats=self.stats)
         self.reduction = GradReduction(self.reducer, max_inflight_numel=options.reduce_bucket_numel,
                                        stats=self.stats)
-        self.param_swap = None
-        """offload_param nvme (zerolite.offload.param_swap), attached by the engine."""
         self.parameter_offload = ParameterOffload(self, module, self.residency)
         """The units' module hooks and the trace, under DeepSpeed's names (module_hooks.py)."""
         self._grad_hook_handles = install_grad_hooks(self)
-        self.host_transfers = None
-        """offload 'cpu': the host <-> device copies (offload/host_placement.py), or None."""
         self._tag_params()
         logger.debug("zerolite units: %s", self.units)
 
@@ -164,14 +206,28 @@ class ShardedModel:
                 if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
                     sub._buffers[key] = buf.to(dtype)
 
-    def _build_flats(self, params, names, group_of) -> list[FlatParam]:
-        buckets: dict[tuple, list] = {}
-        for p in params:
-            group = group_of.get(p) if p.requires_grad else None
-            buckets.setdefault((group, p.requires_grad), []).append((names[p], p))
-        return [FlatParam(items, rank=self.rank, partitions=self.partitions,
-                          compute_dtype=self.compute_dtype, group_index=group, pool=self.pool)
-                for (group, _), items in buckets.items()]
+    def _build_flats(self, per_unit, names, group_of) -> list[list[FlatParam]]:
+        """Every unit's flats: the params bucketed by (group, requires_grad), each flat placed
+        by the plan, which sees all of them first (e.g. offload `ratio` counts elements)."""
+        buckets = []
+        for params in per_unit:
+            unit_buckets: dict[tuple, list] = {}
+            for p in params:
+                group = group_of.get(p) if p.requires_grad else None
+                unit_buckets.setdefault((group, p.requires_grad), []).append((names[p], p))
+            buckets.append(list(unit_buckets.items()))
+        specs = [FlatSpec(unit_index=ui, position=pos,
+                          shard_numel=shard_numel(sum(p.numel() for _, p in items),
+                                                  self.partitions),
+                          optimized=group is not None and requires_grad,
+                          compute_dtype=self.compute_dtype, device=items[0][1].device)
+                 for ui, unit_buckets in enumerate(buckets)
+                 for pos, ((group, requires_grad), items) in enumerate(unit_buckets)]
+        placements = iter(self.plan.place_all(specs))
+        return [[FlatParam(items, rank=self.rank, partitions=self.partitions,
+                           compute_dtype=self.compute_dtype, group_index=group, pool=self.pool,
+                           placement=next(placements))
+                 for (group, _), items in unit_buckets] for unit_buckets in buckets]
 
     # -- queries -----------------------------------------------------------------------
     @property
@@ -194,11 +250,14 @@ class ShardedModel:
         """Run a forward with the saved-view hooks around each unit's forward (the engine's
         forward does), so autograd never pins a pooled buffer (saved_views.py)."""
         with self.saved_views.forward():
-            self._views_active = True
+            entered = self.state is TrainingState.IDLE
+            if entered:
+                self.state = TrainingState.FORWARD
             try:
                 yield
             finally:
-                self._views_active = False
+                if entered and self.state is TrainingState.FORWARD:
+                    self.state = TrainingState.IDLE
 
     def release_gathered(self, unit: Unit) -> None:
         """Release a unit that GatheredParameters gathered. If root-level code of a forward
@@ -213,8 +272,7 @@ class ShardedModel:
 
     # -- forward / backward events (called from hooks) ---------------------------------
     def before_unit_forward(self, unit: Unit) -> None:
-        if unit.is_root and not self._views_active and torch.is_grad_enabled() \
-                and not self.in_backward:
+        if unit.is_root and self.state is TrainingState.IDLE and torch.is_grad_enabled():
             # The module was called directly, not through the engine: autograd may keep
             # views into pooled buffers until backward, so none is reused until then.
             self.pool.reuse_blocked = True
@@ -248,8 +306,20 @@ class ShardedModel:
         else:
             self.residency.release(unit)
 
+    @property
+    def in_backward(self) -> bool:
+        return self.state is TrainingState.BACKWARD
+
+    def set_accumulation_boundary(self, at_boundary: bool) -> None:
+        """Before each backward (the engine): is it the accumulation boundary's?"""
+        self.grad_sync.at_boundary = at_boundary
+
+    def set_requires_gradient_sync(self, requires: bool) -> None:
+        """False: backwards keep their gradients in full buffers (engine.no_sync())."""
+        self.grad_sync.requires_sync = requires
+
     def before_unit_backward(self, unit: Unit) -> None:
-        self.in_backward = True
+        self.state = TrainingState.BACKWARD
         unit.active_modules.add(unit.index)
         self.reduction.poll()
         self.residency.ensure_gathered(unit, self.residency.scheduler.backward)
@@ -261,11 +331,6 @@ class ShardedModel:
         unit.pending_input_grads -= 1
         self._maybe_release_after_backward(unit)
 
-    @property
-    def deferring(self) -> bool:
-        """Gradients of this backward stay in the full buffers (reduced later)."""
-        return self.defer_reduce or (self.reduce_once_per_step and not self.at_boundary)
-
     def before_param_grad(self, unit: Unit) -> None:
         """Autograd accumulates a grad into a param of the shape it has now: a unit whose
         param was used outside the unit's forward (no pre-backward hook gathered it) is
@@ -274,9 +339,9 @@ class ShardedModel:
             self.residency.ensure_gathered(unit, None)
 
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None:
-        self.in_backward = True
+        self.state = TrainingState.BACKWARD
         if flat.take_param_grad(index):
-            if self.deferring:
+            if self.grad_sync.deferring:
                 unit.reduced_flats += 1  # done for this micro-step; reduced at the boundary
             else:
                 self.reduction.launch(unit, flat)
@@ -290,7 +355,7 @@ class ShardedModel:
 
     def finish_backward(self) -> None:
         """Reduce what is left, wait for every reduction, release, roll the order record."""
-        if not self.deferring:
+        if not self.grad_sync.deferring:
             self.reduction.drain(self.units)
         self.settle_host_copies()  # accumulation adds happen on the host here
         for unit in self.units:
@@ -301,12 +366,12 @@ class ShardedModel:
         for flat in self.flats:
             flat.grads_ready = 0
         self.residency.scheduler.end_step()
-        self.in_backward = False
+        self.state = TrainingState.IDLE
         self.pool.reuse_blocked = False
 
     def reduce_deferred_grads(self) -> None:
         """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
-        if self.defer_reduce:
+        if self.grad_sync.reduce_at_optimizer_step:
             self.reduction.drain(self.units)
 
     def reduce_pending_grads(self) -> None:
@@ -324,16 +389,14 @@ class ShardedModel:
 
     def settle_host_copies(self) -> None:
         """offload 'cpu': block until every host <-> device copy issued so far is done."""
-        if self.host_transfers is not None:
-            self.host_transfers.settle()
+        self.plan.settle()
 
     # -- after the optimizer step --------------------------------------------------------
     @torch.no_grad()
     def refresh_params_from_masters(self) -> None:
         for flat in self.flats:
             flat.refresh_shard_from_master()
-        if self.param_swap is not None:  # every new shard is written: read ahead from here
-            self.param_swap.new_sequence()
+        self.plan.after_refresh()
         self.residency.refresh_persistent()
 
 
@@ -347,9 +410,9 @@ def gather_full_state_dict(sharded: ShardedModel, use_master: bool = True) -> di
     for flat in sharded.flats:
         src = flat.master_value() if (use_master and flat.master is not None) \
             else flat.shard_value()
-        full = gather_full_flat(src.to(flat._empty.device), flat.partitions)  # host masters
+        full = gather_full_flat(src.to(flat.device), flat.partitions)  # host masters
         for slot in flat.slots:
-            value = full[slot.offset:slot.offset + slot.numel].view(slot.shape).clone()
+            value = slot.view(full).clone()
             for name in slot.names:
                 out[name] = value
     return out

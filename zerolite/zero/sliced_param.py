@@ -54,6 +54,11 @@ class PartitionInfo:
         self.local[:hi - lo].copy_(full.reshape(-1)[lo:hi])
 
 
+def partition_info(p) -> PartitionInfo | None:
+    """The zero.Init slice of `p`, or None (device/placement.py's `slice_of`)."""
+    return getattr(p, "zl_partitioned", None)
+
+
 def is_partitioned(p) -> bool:
     return getattr(p, "zl_partitioned", None) is not None
 

@@ -1,7 +1,9 @@
 """One unit: a module subtree whose parameters are gathered and released together.
 
-State machine: SHARDED -> GATHERING -> GATHERED -> SHARDED. Any other transition is a bug in
-zerolite and raises ZeroliteStateError naming the unit.
+State machine: SHARDED -> GATHERING -> GATHERED -> SHARDED. `Unit.state` is the only record of
+whether a unit's params are gathered (its flats only hold or do not hold a full buffer); every
+transition goes through `_move`, and any other transition is a bug in zerolite and raises
+ZeroliteStateError naming the unit.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch.nn as nn
 from zerolite.comm.last_collective import RECORD as LAST
 from zerolite.errors import ZeroliteStateError
 from zerolite.zero.flat_param import FlatParam
+from zerolite.zero.flat_placement import ON_DEVICE, PlacementPlan
 from zerolite.zero.param_status import ZeroParamStatus, mark
 
 
@@ -22,13 +25,18 @@ class UnitState(enum.Enum):
     GATHERED = "gathered"
 
 
+_TRANSITIONS = {(UnitState.SHARDED, UnitState.GATHERING),
+                (UnitState.GATHERING, UnitState.GATHERED),
+                (UnitState.GATHERED, UnitState.SHARDED)}
+
 _DS_STATUS = {UnitState.SHARDED: ZeroParamStatus.NOT_AVAILABLE,
               UnitState.GATHERING: ZeroParamStatus.INFLIGHT,
               UnitState.GATHERED: ZeroParamStatus.AVAILABLE}
 
 
 class Unit:
-    def __init__(self, index: int, name: str, module: nn.Module, flats: list[FlatParam]):
+    def __init__(self, index: int, name: str, module: nn.Module, flats: list[FlatParam],
+                 plan: PlacementPlan = ON_DEVICE):
         self.index = index
         self.name = name or "<root>"
         self.module = module
@@ -43,9 +51,11 @@ class Unit:
         for flat in flats:
             for p in flat.params:
                 p.ds_active_sub_modules = self.active_modules
-        self.state = UnitState.SHARDED
-        self.swap = None
-        """offload_param's ParamSwap: brings the shards into RAM around each gather."""
+        self.plan = plan
+        """The placement plan of the flats: told before and after each gather and release
+        (offload_param nvme brings the shards into RAM around the gather)."""
+        self._state = UnitState.SHARDED
+        mark([p for f in flats for p in f.params], _DS_STATUS[UnitState.SHARDED])
         self._gather_works: list = []
         self.pending_input_grads = 0
         """Forward calls whose backward has not reached the unit's inputs yet."""
@@ -63,9 +73,13 @@ class Unit:
     def state(self) -> UnitState:
         return self._state
 
-    @state.setter
-    def state(self, value: UnitState) -> None:
-        """Every transition also writes the params' `ds_status` (param_status.py)."""
+    def _move(self, value: UnitState) -> None:
+        """The one way the state changes. Every transition also writes the params'
+        `ds_status` (param_status.py)."""
+        if (self._state, value) not in _TRANSITIONS:
+            raise ZeroliteStateError(
+                f"unit {self.name!r}: transition {self._state.value} -> {value.value} is not "
+                "allowed; this is a zerolite bug, please report it")
         self._state = value
         status = _DS_STATUS[value]
         for flat in self.flats:
@@ -85,11 +99,10 @@ class Unit:
                 self.wait_gathered()
             return
         LAST.next_unit = self.name
-        if self.swap is not None:
-            self.swap.fetch(self)
+        self.plan.before_gather(self)
         with torch.no_grad():
             self._gather_works = [gatherer.start(flat) for flat in self.flats]
-        self.state = UnitState.GATHERING
+        self._move(UnitState.GATHERING)
         if not async_op:
             self.wait_gathered()
 
@@ -105,11 +118,10 @@ class Unit:
             if work is not None:
                 work.wait()
         self._gather_works = []
-        if self.swap is not None:
-            self.swap.after_gather(self)
+        self.plan.after_gather(self)
         for flat in self.flats:
             flat.use_full_views()
-        self.state = UnitState.GATHERED
+        self._move(UnitState.GATHERED)
 
     def release(self) -> None:
         if self.state is UnitState.SHARDED:
@@ -118,9 +130,8 @@ class Unit:
             self.wait_gathered()
         for flat in self.flats:
             flat.free_full()
-        if self.swap is not None:
-            self.swap.after_release(self)
-        self.state = UnitState.SHARDED
+        self.plan.after_release(self)
+        self._move(UnitState.SHARDED)
 
     # -- gradients ---------------------------------------------------------------------
     def start_reduce(self, flat: FlatParam, reducer):

@@ -9,7 +9,7 @@ import argparse
 from zerolite.optim.lr_schedules import (  # noqa: F401
     SCHEDULER_TYPES, LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR,
 )
-from zerolite.optim.schedule_base import _torch_optimizer
+from zerolite.optim.schedule_base import torch_optimizer
 
 LR_SCHEDULE = "lr_schedule"
 LR_RANGE_TEST = "LRRangeTest"
@@ -143,7 +143,7 @@ def update_lr(param_groups, lrs):
 
 def get_torch_optimizer(optimizer):
     """`optimizer`, or the optimizer it wraps as `.optimizer` (TypeError otherwise)."""
-    return _torch_optimizer(optimizer)
+    return torch_optimizer(optimizer)
 
 
 __all__ = ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest",
