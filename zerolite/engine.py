@@ -12,7 +12,8 @@ import psutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils._pytree import tree_map
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils._pytree import tree_leaves, tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.comm.last_collective import RECORD as LAST, set_phase
@@ -114,6 +115,9 @@ class ZeroEngine(DeepSpeedAccessors):
         self._global_grad_norm: float | None = None
         self._step_applied = False
         self._boundary_override: bool | None = None
+        self._in_engine_backward = False
+        self._loss_scaled_by_user = False  # engine.scale(loss) before a loss.backward()
+        self._torch_backward_start: float | None = None
         self._last_step_time = time.perf_counter()
         self.monitor = TrainingMonitor(config, self.rank, self.world_size)
         self._window = _StepWindow()
@@ -164,6 +168,7 @@ class ZeroEngine(DeepSpeedAccessors):
             args, kwargs = tree_map(_to_half, (args, kwargs))
         with self.sharded.forward_context():
             out = self.module(*args, **kwargs)
+        self._arm_torch_style_backward(out)
         self._window.forward_s += time.perf_counter() - start
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
@@ -182,12 +187,70 @@ class ZeroEngine(DeepSpeedAccessors):
         set_phase("backward")
         start = time.perf_counter()
         self.sharded.set_accumulation_boundary(self.is_gradient_accumulation_boundary())
-        scaled.backward(retain_graph=retain_graph)
+        self._in_engine_backward = True
+        try:
+            scaled.backward(retain_graph=retain_graph)
+        finally:
+            self._in_engine_backward = False
         self.sharded.finish_backward()
         self._window.backward_s += time.perf_counter() - start
         if self._logs_this_step():
             self._window.losses.append(loss.detach().float().item())
         return loss
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed's `engine.scale(loss)`: the loss times the fp16 loss scale (the loss
+        itself otherwise), for `engine.scale(loss).backward()` in place of engine.backward."""
+        if self.optimizer is None:
+            raise ZeroliteStateError("engine.scale(loss): no optimizer; add an \"optimizer\" "
+                                     "section to the config or pass optimizer= to initialize")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            raise ZeroliteStateError("engine.scale(loss) needs a scalar loss tensor with a "
+                                     f"grad_fn, got {type(loss).__name__} "
+                                     f"{getattr(loss, 'shape', '')}")
+        self._loss_scaled_by_user = True
+        if self.loss_scaler is None:
+            return loss
+        return loss.float() * self.loss_scaler.loss_scale
+
+    # [Note: loss.backward()] As in DeepSpeed >= 0.18, a program may call `loss.backward()`
+    # (or `engine.scale(loss).backward()`) instead of `engine.backward(loss)`. The forward arms
+    # a hook on the model's outputs that fires once when a backward reaches them; if that
+    # backward is not the engine's own it does what engine.backward does around autograd: the
+    # accumulation boundary, the 1/gas factor, and the end-of-backward reduction (queued to run
+    # when autograd finishes). The 1/gas factor is applied to each parameter gradient as the
+    # engine takes it (FlatParam.take_param_grad), not to the outputs' gradients as DeepSpeed
+    # does, so it is right whatever the graph: when one output is computed from another (a
+    # loss and its logits) or the loss is computed outside the model. fp16 needs the loss
+    # scale, so a loss.backward() without engine.scale raises, as under DeepSpeed.
+    def _arm_torch_style_backward(self, out) -> None:
+        if not torch.is_grad_enabled() or self.optimizer is None:
+            return
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)
+                   and t.requires_grad]
+        if outputs:
+            register_multi_grad_hook(outputs, self._begin_torch_style_backward, mode="any")
+
+    def _begin_torch_style_backward(self, _grad) -> None:
+        if self._in_engine_backward:
+            return
+        if self.loss_scaler is not None and not self._loss_scaled_by_user:
+            raise RuntimeError(
+                "loss.backward() under fp16: the loss must be scaled first; call "
+                "engine.scale(loss).backward() or engine.backward(loss)")
+        self._loss_scaled_by_user = False
+        set_phase("backward")
+        self._torch_backward_start = time.perf_counter()
+        self.sharded.set_accumulation_boundary(self.is_gradient_accumulation_boundary())
+        self.sharded.set_grad_scale(1.0 / self.gradient_accumulation_steps())
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_torch_style_backward)
+
+    def _end_torch_style_backward(self) -> None:
+        try:
+            self.sharded.finish_backward()
+        finally:
+            self.sharded.set_grad_scale(1.0)
+            self._window.backward_s += time.perf_counter() - self._torch_backward_start
 
     def _logs_this_step(self) -> bool:
         return (self.global_steps + 1) % self.monitor.steps_per_print == 0

@@ -216,8 +216,9 @@ class FlatParam:
         self.placement.master.take_grad_shard(self, shard, name)
 
     # -- gradients ---------------------------------------------------------------------
-    def take_param_grad(self, index: int) -> bool:
-        """Move param `index`'s grad into the flat buffer. Returns True when all are in."""
+    def take_param_grad(self, index: int, scale: float = 1.0) -> bool:
+        """Move param `index`'s grad, times `scale`, into the flat buffer. Returns True when
+        all are in."""
         p, slot = self.params[index], self.slots[index]
         fresh = self.grad_buffer is None
         if fresh:
@@ -233,9 +234,12 @@ class FlatParam:
             if not self._slot_written[index]:
                 view.zero_()
         elif self._slot_written[index]:
-            view.add_(p.grad.reshape(-1))  # accumulated over micro-steps (stage 1)
+            # accumulated over micro-steps (stage 1)
+            view.add_(p.grad.reshape(-1), alpha=scale)
         else:
             view.copy_(p.grad.reshape(-1))
+            if scale != 1.0:
+                view.mul_(scale)
         p.grad = None
         self._slot_written[index] = True
         self.grads_ready += 1

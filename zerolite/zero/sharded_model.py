@@ -118,6 +118,9 @@ class GradSync:
     """False inside engine.no_sync()."""
     at_boundary: bool = True
     """Is the current backward the accumulation boundary's? (set by the engine)"""
+    grad_scale: float = 1.0
+    """Factor on each parameter gradient as it is taken: 1/gas for a `loss.backward()` the
+    engine did not scale (engine.py, [Note: loss.backward()]), else 1."""
 
     @property
     def deferring(self) -> bool:
@@ -314,6 +317,10 @@ class ShardedModel:
         """Before each backward (the engine): is it the accumulation boundary's?"""
         self.grad_sync.at_boundary = at_boundary
 
+    def set_grad_scale(self, scale: float) -> None:
+        """Before each backward (the engine): the factor on this backward's gradients."""
+        self.grad_sync.grad_scale = scale
+
     def set_requires_gradient_sync(self, requires: bool) -> None:
         """False: backwards keep their gradients in full buffers (engine.no_sync())."""
         self.grad_sync.requires_sync = requires
@@ -340,7 +347,7 @@ class ShardedModel:
 
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None:
         self.state = TrainingState.BACKWARD
-        if flat.take_param_grad(index):
+        if flat.take_param_grad(index, self.grad_sync.grad_scale):
             if self.grad_sync.deferring:
                 unit.reduced_flats += 1  # done for this micro-step; reduced at the boundary
             else:
