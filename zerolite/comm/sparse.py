@@ -13,7 +13,8 @@ Per FlatParam and reduce, each rank
   4. splits the entries by destination shard (they are sorted, so a searchsorted on the shard
      boundaries), exchanges the per-destination counts (one small all_to_all of int64), then
      sends every destination its entries as (index relative to the shard, fp32 value) pairs
-     packed in one int32 buffer, in one `all_to_all_single` with split sizes,
+     packed in one int32 buffer, in one `all_to_all_single` with split sizes (launched when
+     the counts are in, on a second process group: see SparseGradReducer.payload_group),
   5. the owner adds each source rank's entries into a zero fp32 shard, in rank order
      (`index_add_`; a rank's indices are distinct, so the result does not depend on how the
      add is scheduled), and multiplies by `predivide / world` as the dense path does.
@@ -61,17 +62,31 @@ def pack_entries(idx: torch.Tensor, vals: torch.Tensor, parts: int, shard_numel:
     return packed, counts
 
 
-class _Works:
-    def __init__(self, work):
-        self._work = work
+class _TwoPhase:
+    """The counts exchange, then the payload: `is_completed()` (polled at every hook, oldest
+    reduce first) launches the payload as soon as the counts have arrived, so both overlap
+    backward; `wait()` does the rest."""
 
-    def wait(self, timeout=None):
-        if self._work is not None:
-            self._work.wait()
+    def __init__(self, counts_work, launch):
+        self._counts, self._launch, self._payload = counts_work, launch, None
+
+    def _started(self) -> bool:
+        if self._payload is None:
+            if not self._counts.is_completed():
+                return False
+            self._counts.wait()  # surfaces an error the exchange ended with
+            self._payload = self._launch()
         return True
 
     def is_completed(self) -> bool:
-        return self._work is None or self._work.is_completed()
+        return self._started() and self._payload.is_completed()
+
+    def wait(self, timeout=None):
+        if self._payload is None:
+            self._counts.wait()
+            self._payload = self._launch()
+        self._payload.wait()
+        return True
 
 
 class SparseGradReducer(GradReducer):
@@ -91,6 +106,16 @@ class SparseGradReducer(GradReducer):
         self.ratio, self.error_feedback = float(ratio), bool(error_feedback)
         self.warmup_reduces = int(warmup_reduces)
         self.group = group
+        self.payload_group = None
+        """[Note: a second group for the payloads] The counts of a reduce are exchanged when
+        it starts (in backward order); its payload is launched once those counts are in,
+        when the reduction queue polls it (oldest first) or waits for it. Both orders are the
+        same on every rank, but they interleave differently, and a process group needs its
+        collectives issued in one order everywhere: so the payloads get their own group.
+        Collective: every rank builds its reducer at the same point (engine construction)."""
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            ranks = None if group is None else dist.get_process_group_ranks(group)
+            self.payload_group = dist.new_group(ranks=ranks or list(range(dist.get_world_size())))
         self._residuals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._reduces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.entries_sent = 0
@@ -129,19 +154,27 @@ class SparseGradReducer(GradReducer):
             res.zero_()  # an overflowed step is skipped; never carry inf/nan forward
         self.entries_sent += int(vals.numel())
         recv_counts = torch.empty_like(counts)
-        with record_function("zerolite::all_to_all_sparse"):
-            dist.all_to_all_single(recv_counts, counts, group=self.group)
+        with record_function("zerolite::all_to_all_sparse_counts"):
+            counts_work = dist.all_to_all_single(recv_counts, counts, group=self.group,
+                                                 async_op=True)
+        box = {}
+
+        def launch():
             send_splits = (counts * 2).tolist()
             recv_splits = (recv_counts * 2).tolist()
-            recv = torch.empty(sum(recv_splits), dtype=torch.int32, device=packed.device)
-            work = dist.all_to_all_single(recv, packed.reshape(-1), recv_splits, send_splits,
-                                          group=self.group, async_op=True)
+            box["recv"] = torch.empty(sum(recv_splits), dtype=torch.int32, device=packed.device)
+            box["sources"] = recv_counts.tolist()
+            with record_function("zerolite::all_to_all_sparse"):
+                return dist.all_to_all_single(box["recv"], packed.reshape(-1), recv_splits,
+                                              send_splits, group=self.payload_group,
+                                              async_op=True)
+
         others = int(counts.sum()) - int(counts[flat.rank])
         self.bytes_sent["all_to_all"] += 8 * others + counts.element_size() * (parts - 1)
         post = self.predivide / self.world_size
-        sources = recv_counts.tolist()
 
         def finish(_):
+            recv, sources = box["recv"], box["sources"]
             shard = torch.zeros(n, dtype=torch.float32, device=recv.device)
             entries = recv.view(-1, 2)
             start = 0
@@ -151,4 +184,4 @@ class SparseGradReducer(GradReducer):
                 start += count
             return shard.mul_(post) if post != 1.0 else shard
 
-        return PendingReduce(_Works(work), None, finish)
+        return PendingReduce(_TwoPhase(counts_work, launch), None, finish)
