@@ -6,12 +6,14 @@ per-unit selection and residual, the accumulated error with and without error fe
 measured wire bytes, warmup, and the config's refusals.
 """
 import copy
+import json
 
 import pytest
 import torch
 
 import zerolite
 from triton_kernels.topk_ref import selected_count, topk_select_ref
+from zerolite.cli.check_config import main as check_config_main
 from zerolite.comm.build import build_grad_reducer
 from zerolite.comm.reducers import GradReducer
 from zerolite.comm.sparse import SparseGradReducer, pack_entries
@@ -286,3 +288,14 @@ def test_config_builds_the_sparse_reducer_and_refuses_bad_combinations():
     defaults = load_config(dict(ds_config(2), zerolite={"sparse_gradients": {}}), 2)
     assert defaults.zerolite.sparse_gradients.ratio == 0.01
     assert type(build_grad_reducer(load_config(ds_config(2), 2), 2)) is GradReducer
+
+
+def test_check_config_counts_the_residual(tmp_path, capsys):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(_sparse_cfg(2, 0.01)))
+    assert check_config_main([str(path), "--world-size", "2", "--params", "1000000"]) == 0
+    out = capsys.readouterr().out
+    assert "sparse_gradients error-feedback residual" in out and "3.815 MiB per rank" in out
+    path.write_text(json.dumps(_sparse_cfg(2, 0.01, ef=False)))
+    assert check_config_main([str(path), "--world-size", "2", "--params", "1000000"]) == 0
+    assert "residual" not in capsys.readouterr().out
