@@ -34,7 +34,7 @@ def caption(result: dict, source: str) -> str:
             f"x seq 128 per rank, {result['steps']} steps, the demo's AdamW + warmup-decay. "
             f"Bytes: this rank's gradient-reduce bytes per step as handed to the collectives "
             f"(last_step_stats.reduce_bytes). Final loss: mean of the last {result['last']} "
-            f"steps. {machine_text(m)}.{load} Command: {result.get('command', '')}. "
+            f"steps. Machine: {machine_text(m)}.{load} Command: {result.get('command', '')}. "
             f"Data: {source}.")
 
 
@@ -51,7 +51,8 @@ def sparse_figure(result: dict, source: str = "sparse_grads.json"):
                 color=colour, lw=1.4 if n == "dense" else 1.1,
                 label=f"{label}: final {s['final_loss']:.3f}")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"training loss (mean over ranks, {width}-step moving average)")
+    ax.set_ylabel(f"training loss (cross-entropy, loss units; mean over ranks, {width}-step "
+                  "moving average)", fontsize=8)
     ax.set_title("Loss")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
