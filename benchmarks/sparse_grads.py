@@ -44,7 +44,11 @@ VARIANTS = {  # name -> (zero_optimization extras, zerolite block)
     "topk_10%": ({}, {"sparse_gradients": {"ratio": 0.1}}),
     "topk_1%": ({}, {"sparse_gradients": {"ratio": 0.01}}),
     "topk_0.1%": ({}, {"sparse_gradients": {"ratio": 0.001}}),
+    # not in the default set (--variants ...): error feedback off, and dense warmup steps
+    "topk_1%_noef": ({}, {"sparse_gradients": {"ratio": 0.01, "error_feedback": False}}),
+    "topk_1%_warmup50": ({}, {"sparse_gradients": {"ratio": 0.01, "warmup_steps": 50}}),
 }
+DEFAULT = ["dense", "int8", "int4_ef", "topk_10%", "topk_1%", "topk_0.1%"]
 
 
 def config(variant: str, steps: int, micro: int) -> dict:
@@ -122,7 +126,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--micro", type=int, default=8, help="micro batch per rank")
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=DEFAULT, choices=list(VARIANTS))
+    ap.add_argument("--append", action="store_true",
+                    help="add to the runs already in --out (same model, steps and world)")
     ap.add_argument("--last", type=int, default=20, help="final loss = mean of the last N steps")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -131,6 +137,13 @@ def main(argv=None) -> int:
               "world": args.world, "micro_batch": args.micro, "stage": 3, "last": args.last,
               "machine": machine(), "command": "python benchmarks/sparse_grads.py "
               + " ".join(argv if argv is not None else sys.argv[1:]), "runs": {}}
+    if args.append and out.exists():
+        old = json.loads(out.read_text())
+        if (old["model"], old["steps"], old["world"], old["micro_batch"]) != (
+                args.model, args.steps, args.world, args.micro):
+            ap.error(f"--append: {out} is another workload")
+        result["runs"] = old["runs"]
+        result["command"] = old["command"] + " ; " + result["command"]
     for variant in args.variants:
         t0 = time.perf_counter()
         r = run_ranks(_train, args.world, args.model, variant, args.steps, args.micro,

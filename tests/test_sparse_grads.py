@@ -299,3 +299,16 @@ def test_check_config_counts_the_residual(tmp_path, capsys):
     path.write_text(json.dumps(_sparse_cfg(2, 0.01, ef=False)))
     assert check_config_main([str(path), "--world-size", "2", "--params", "1000000"]) == 0
     assert "residual" not in capsys.readouterr().out
+
+
+def _ratio_one(rank, world, sparse):
+    cfg = _sparse_cfg(world, 1.0) if sparse else ds_config(world)
+    engine, *_ = zerolite.initialize(model=tiny_gpt(), config=cfg)
+    return train_engine(engine, batches(STEPS), rank, world)
+
+
+def test_ratio_one_is_the_dense_reduce():
+    """Selecting every entry sends the whole gradient: the training is the dense one."""
+    sparse = run_ranks(_ratio_one, 2, True)[0]
+    dense = run_ranks(_ratio_one, 2, False)[0]
+    torch.testing.assert_close(torch.tensor(sparse), torch.tensor(dense), rtol=1e-6, atol=0)

@@ -13,6 +13,8 @@ STYLE = {  # variant -> (legend label, colour)
     "topk_10%": ("top-k 10% + error feedback", "#2ca02c"),
     "topk_1%": ("top-k 1% + error feedback", "#ff7f0e"),
     "topk_0.1%": ("top-k 0.1% + error feedback", "#d62728"),
+    "topk_1%_noef": ("top-k 1%, no error feedback", "#9467bd"),
+    "topk_1%_warmup50": ("top-k 1% + error feedback, 50 dense warmup steps", "#8c564b"),
 }
 
 
@@ -69,7 +71,7 @@ def sparse_figure(result: dict, source: str = "sparse_grads.json"):
                     (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
                     fontsize=7)
     ax.set_xticks(x, [STYLE.get(n, (n,))[0].replace(" + error feedback", "\n+ EF")
-                      for n in names], fontsize=7)
+                      .replace(", ", ",\n") for n in names], fontsize=6)
     ax.set_ylabel("gradient-reduce MiB per step per rank (log)")
     ax.set_xlabel("gradient reduce")
     ax.set_title("Reduce bytes per step; labels: bytes and median step time vs dense")
