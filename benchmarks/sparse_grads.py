@@ -51,9 +51,12 @@ VARIANTS = {  # name -> (zero_optimization extras, zerolite block)
 DEFAULT = ["dense", "int8", "int4_ef", "topk_10%", "topk_1%", "topk_0.1%"]
 
 
-def config(variant: str, steps: int, micro: int) -> dict:
+def config(variant: str, steps: int, micro: int, sgd_lr: float | None = None) -> dict:
     zero_extra, extras = VARIANTS[variant]
     cfg = json.loads((ROOT / "configs" / "demo_zero3_cpu.json").read_text())
+    if sgd_lr is not None:  # momentum SGD instead of the demo's AdamW (same schedule shape)
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": sgd_lr, "momentum": 0.9}}
+        cfg["scheduler"]["params"]["warmup_max_lr"] = sgd_lr
     cfg["train_micro_batch_size_per_gpu"] = micro
     cfg["scheduler"]["params"]["total_num_steps"] = steps
     cfg["scheduler"]["params"]["warmup_num_steps"] = max(1, min(20, steps // 10))
@@ -64,7 +67,7 @@ def config(variant: str, steps: int, micro: int) -> dict:
     return cfg
 
 
-def _train(rank, world, model_name, variant, steps, micro):
+def _train(rank, world, model_name, variant, steps, micro, sgd_lr=None):
     import zerolite
 
     torch.manual_seed(0)
@@ -73,7 +76,7 @@ def _train(rank, world, model_name, variant, steps, micro):
     num_params = sum(p.numel() for p in model.parameters())  # before sharding empties them
     data = ByteWindows(stdlib_bytes(), cfg.seq_len, num_windows=steps * world * micro)
     engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(),
-                                     config=config(variant, steps, micro))
+                                     config=config(variant, steps, micro, sgd_lr))
     losses, reduce_bytes, times = [], [], []
     for step in range(steps):
         lo = (step * world + rank) * micro
@@ -130,10 +133,14 @@ def main(argv=None) -> int:
     ap.add_argument("--append", action="store_true",
                     help="add to the runs already in --out (same model, steps and world)")
     ap.add_argument("--last", type=int, default=20, help="final loss = mean of the last N steps")
+    ap.add_argument("--sgd-lr", type=float, default=None,
+                    help="train with momentum SGD (0.9) at this peak lr instead of AdamW")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    out = args.out or ROOT / "benchmarks" / "results" / f"sparse_grads_{args.model}.json"
+    tag = "" if args.sgd_lr is None else "_sgd"
+    out = args.out or ROOT / "benchmarks" / "results" / f"sparse_grads_{args.model}{tag}.json"
     result = {"model": args.model, "num_params": None, "steps": args.steps,
+              "optimizer": "AdamW" if args.sgd_lr is None else f"SGD lr {args.sgd_lr} m 0.9",
               "world": args.world, "micro_batch": args.micro, "stage": 3, "last": args.last,
               "machine": machine(), "command": "python benchmarks/sparse_grads.py "
               + " ".join(argv if argv is not None else sys.argv[1:]), "runs": {}}
@@ -147,7 +154,7 @@ def main(argv=None) -> int:
     for variant in args.variants:
         t0 = time.perf_counter()
         r = run_ranks(_train, args.world, args.model, variant, args.steps, args.micro,
-                      timeout_s=3600)[0]
+                      args.sgd_lr, timeout_s=3600)[0]
         result["num_params"] = r.pop("num_params")
         result["runs"][variant] = r
         result["summary"] = summarize(result["runs"], args.last)

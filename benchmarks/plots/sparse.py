@@ -33,7 +33,8 @@ def caption(result: dict, source: str) -> str:
             "the end (a shared machine: step times are noisy)." if "load_avg_end" in m else "")
     return (f"{result['model']} GPT ({(result.get('num_params') or 0) / 1e6:.2f}M params), "
             f"ZeRO-3, world {result['world']} on gloo/CPU, micro batch {result['micro_batch']} "
-            f"x seq 128 per rank, {result['steps']} steps, the demo's AdamW + warmup-decay. "
+            f"x seq 128 per rank, {result['steps']} steps, {result.get('optimizer', 'AdamW')} with the "
+            f"demo's warmup-decay schedule. "
             f"Bytes: this rank's gradient-reduce bytes per step as handed to the collectives "
             f"(last_step_stats.reduce_bytes). Final loss: mean of the last {result['last']} "
             f"steps. Machine: {machine_text(m)}.{load} Command: {result.get('command', '')}. "
@@ -76,5 +77,5 @@ def sparse_figure(result: dict, source: str = "sparse_grads.json"):
     ax.set_xlabel("gradient reduce")
     ax.set_title("Reduce bytes per step; labels: bytes and median step time vs dense")
     fig.suptitle(f"Top-k sparsified gradients vs quantized vs dense: {result['model']} GPT, "
-                 f"{result['steps']} steps")
+                 f"{result['steps']} steps, {result.get('optimizer', 'AdamW')}")
     return fig
