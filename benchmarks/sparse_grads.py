@@ -51,13 +51,16 @@ VARIANTS = {  # name -> (zero_optimization extras, zerolite block)
 DEFAULT = ["dense", "int8", "int4_ef", "topk_10%", "topk_1%", "topk_0.1%"]
 
 
-def config(variant: str, steps: int, micro: int, sgd_lr: float | None = None) -> dict:
+def config(variant: str, steps: int, micro: int, sgd_lr: float | None = None,
+           clip: float | None = None) -> dict:
     zero_extra, extras = VARIANTS[variant]
     cfg = json.loads((ROOT / "configs" / "demo_zero3_cpu.json").read_text())
     if sgd_lr is not None:  # momentum SGD instead of the demo's AdamW (same schedule shape)
         cfg["optimizer"] = {"type": "SGD", "params": {"lr": sgd_lr, "momentum": 0.9}}
         cfg["scheduler"]["params"]["warmup_max_lr"] = sgd_lr
     cfg["train_micro_batch_size_per_gpu"] = micro
+    if clip is not None:
+        cfg["gradient_clipping"] = clip
     cfg["scheduler"]["params"]["total_num_steps"] = steps
     cfg["scheduler"]["params"]["warmup_num_steps"] = max(1, min(20, steps // 10))
     cfg["steps_per_print"] = 10 ** 6
@@ -67,7 +70,7 @@ def config(variant: str, steps: int, micro: int, sgd_lr: float | None = None) ->
     return cfg
 
 
-def _train(rank, world, model_name, variant, steps, micro, sgd_lr=None):
+def _train(rank, world, model_name, variant, steps, micro, sgd_lr=None, clip=None):
     import zerolite
 
     torch.manual_seed(0)
@@ -76,7 +79,7 @@ def _train(rank, world, model_name, variant, steps, micro, sgd_lr=None):
     num_params = sum(p.numel() for p in model.parameters())  # before sharding empties them
     data = ByteWindows(stdlib_bytes(), cfg.seq_len, num_windows=steps * world * micro)
     engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(),
-                                     config=config(variant, steps, micro, sgd_lr))
+                                     config=config(variant, steps, micro, sgd_lr, clip))
     losses, reduce_bytes, times = [], [], []
     for step in range(steps):
         lo = (step * world + rank) * micro
@@ -135,12 +138,16 @@ def main(argv=None) -> int:
     ap.add_argument("--last", type=int, default=20, help="final loss = mean of the last N steps")
     ap.add_argument("--sgd-lr", type=float, default=None,
                     help="train with momentum SGD (0.9) at this peak lr instead of AdamW")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="gradient_clipping (default: the demo config's 1.0; 0 = off)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    tag = "" if args.sgd_lr is None else "_sgd"
+    tag = ("" if args.sgd_lr is None else "_sgd") + ("" if args.clip is None else
+                                                       f"_clip{args.clip:g}")
     out = args.out or ROOT / "benchmarks" / "results" / f"sparse_grads_{args.model}{tag}.json"
     result = {"model": args.model, "num_params": None, "steps": args.steps,
-              "optimizer": "AdamW" if args.sgd_lr is None else f"SGD lr {args.sgd_lr} m 0.9",
+              "optimizer": ("AdamW" if args.sgd_lr is None else f"SGD lr {args.sgd_lr} m 0.9")
+              + ("" if args.clip is None else f", clipping {args.clip:g}"),
               "world": args.world, "micro_batch": args.micro, "stage": 3, "last": args.last,
               "machine": machine(), "command": "python benchmarks/sparse_grads.py "
               + " ".join(argv if argv is not None else sys.argv[1:]), "runs": {}}
@@ -154,7 +161,7 @@ def main(argv=None) -> int:
     for variant in args.variants:
         t0 = time.perf_counter()
         r = run_ranks(_train, args.world, args.model, variant, args.steps, args.micro,
-                      args.sgd_lr, timeout_s=3600)[0]
+                      args.sgd_lr, args.clip, timeout_s=3600)[0]
         result["num_params"] = r.pop("num_params")
         result["runs"][variant] = r
         result["summary"] = summarize(result["runs"], args.last)
