@@ -125,9 +125,6 @@ class SparseGradReducer(GradReducer):
         """The stored error-feedback residual of `flat` (full padded fp32), if any."""
         return self._residuals.get(flat)
 
-    def residual_bytes(self) -> int:
-        return sum(r.numel() * r.element_size() for r in self._residuals.values())
-
     def start(self, flat, full_grad: torch.Tensor) -> PendingReduce:
         done = self._reduces.get(flat, 0)
         self._reduces[flat] = done + 1
@@ -158,8 +155,17 @@ class SparseGradReducer(GradReducer):
             counts_work = dist.all_to_all_single(recv_counts, counts, group=self.group,
                                                  async_op=True)
         box = {}
+        # [Note: CUDA streams] `start` runs on the reduce stream (comm/streamed.py) but the
+        # payload may be launched from a hook on the compute stream: that stream waits for
+        # the selection first. Not yet run on a GPU.
+        ready = None
+        if packed.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
 
         def launch():
+            if ready is not None:
+                torch.cuda.current_stream(packed.device).wait_event(ready)
             send_splits = (counts * 2).tolist()
             recv_splits = (recv_counts * 2).tolist()
             box["recv"] = torch.empty(sum(recv_splits), dtype=torch.int32, device=packed.device)
