@@ -117,7 +117,8 @@ def summarize(runs: dict, last: int) -> dict:
              "median_step_s": statistics.median(r["step_s"][skip:])}
         if dense:
             d = out.get("dense") or {"final_loss": statistics.fmean(dense["losses"][-last:]),
-                                     "reduce_bytes_per_step": statistics.fmean(dense["reduce_bytes"]),
+                                     "reduce_bytes_per_step":
+                                         statistics.fmean(dense["reduce_bytes"]),
                                      "median_step_s": statistics.median(dense["step_s"][skip:])}
             s["loss_vs_dense"] = s["final_loss"] / d["final_loss"] - 1
             s["bytes_vs_dense"] = s["reduce_bytes_per_step"] / d["reduce_bytes_per_step"]
@@ -171,7 +172,8 @@ def main(argv=None) -> int:
         print(f"{variant:>10}: final loss {s['final_loss']:.4f} "
               f"({s.get('loss_vs_dense', 0):+.2%} vs dense), reduce "
               f"{s['reduce_bytes_per_step'] / 2 ** 20:.3f} MiB/step "
-              f"({s.get('bytes_vs_dense', 1):.4f} of dense), step {s['median_step_s'] * 1e3:.0f} ms "
+              f"({s.get('bytes_vs_dense', 1):.4f} of dense), "
+              f"step {s['median_step_s'] * 1e3:.0f} ms "
               f"({s.get('step_time_vs_dense', 1):.2f}x), {time.perf_counter() - t0:.0f}s",
               flush=True)
     try:

@@ -33,7 +33,8 @@ def caption(result: dict, source: str) -> str:
             "the end (a shared machine: step times are noisy)." if "load_avg_end" in m else "")
     return (f"{result['model']} GPT ({(result.get('num_params') or 0) / 1e6:.2f}M params), "
             f"ZeRO-3, world {result['world']} on gloo/CPU, micro batch {result['micro_batch']} "
-            f"x seq 128 per rank, {result['steps']} steps, {result.get('optimizer', 'AdamW')} with the "
+            f"x seq 128 per rank, {result['steps']} steps, "
+            f"{result.get('optimizer', 'AdamW')} with the "
             f"demo's warmup-decay schedule. "
             f"Bytes: this rank's gradient-reduce bytes per step as handed to the collectives "
             f"(last_step_stats.reduce_bytes). Final loss: mean of the last {result['last']} "
