@@ -5,8 +5,9 @@
 
 Phases, each in its own process under its own time limit (and the run's --deadline), all
 writing under --out, in this order (the headline figures first):
-  1. kernels   GB/s of int8/int4 quantize / dequantize / fused dequantize-sum against the
-               device's copy bandwidth (kernels.json; benchmarks/kernel_bandwidth.py)
+  1. kernels   GB/s of int8/int4 quantize / dequantize / fused dequantize-sum and of the
+               top-k selection kernel against the device's copy bandwidth (kernels.json;
+               benchmarks/kernel_bandwidth.py)
   2. peers     a ~1.3B GPT at world 1: plain PyTorch, FSDP2, DeepSpeed (when importable),
                zerolite and zerolite + offload_optimizer cpu: tokens/s, MFU, peak memory,
                step-1 time, losses (peers.json; benchmarks/gpu_peers.py)
@@ -40,7 +41,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TEST_FILES = ["tests/test_cuda_path.py", "tests/test_device_layer.py",
-              "tests/test_quant_kernels.py",
+              "tests/test_quant_kernels.py", "tests/test_topk_kernels.py",
               "tests/test_offload_cpu.py::test_cpu_offload_on_cuda_matches_no_offload"]
 """The `cuda`-marked tests (every one: `pytest -m cuda --collect-only` lists them) and the
 kernel tests, which compile on CUDA; the rest of the suite runs on CPU in CI."""

@@ -4,7 +4,8 @@
 
 For int8 and int4 (block 256): quantize (fp32 in -> codes + scales), dequantize (codes +
 scales -> fp32) and the fused dequantize-sum of K=8 chunks (what qgZ runs after its
-all-to-all). GB/s = bytes a kernel must read and write / its median time (CUDA events,
+all-to-all). The top-k selection kernel of sparsified gradients (ratios 1% and 0.1% of a
+16M-element unit), with torch.topk's time on the same tensor beside it. GB/s = bytes a kernel must read and write / its median time (CUDA events,
 after autotuning). The reference is the device's own copy bandwidth (`dst.copy_(src)`,
 read + write), and the spec figure where the driver reports clock and bus width.
 """
@@ -60,6 +61,31 @@ def time_s(fn, warmup: int = 3, iters: int = 20) -> float:
     return statistics.median(times)
 
 
+TOPK_ELEMENTS, TOPK_RATIOS = 1 << 24, (0.01, 0.001)
+
+
+def topk_rows(x: torch.Tensor, copy_gbs: float) -> list[dict]:
+    """The top-k selection kernel (sparsified gradients) on one unit-sized fp32 tensor: GB/s
+    of the least traffic any selection needs (read x, write the residual, write the selected
+    (index, value) pairs), and its time against torch.topk on the same tensor (the twin's
+    core)."""
+    from triton_kernels.topk_ref import selected_count
+    from triton_kernels.topk_triton import topk_select_triton
+
+    n = x.numel()
+    rows = []
+    for ratio in TOPK_RATIOS:
+        k = selected_count(n, ratio)
+        res = torch.empty_like(x)
+        seconds = time_s(lambda: topk_select_triton(x, k, res))
+        torch_s = time_s(lambda: torch.topk(x.abs(), k, sorted=False))
+        gbs = (8 * n + 8 * k) / seconds / 1e9
+        rows.append({"op": "topk_select", "bits": f"r={ratio:g}", "elements": n,
+                     "seconds": seconds, "GB/s": gbs, "vs_copy": gbs / copy_gbs,
+                     "torch_topk_seconds": torch_s})
+    return rows
+
+
 def run(n: int) -> dict:
     from triton_kernels.quantize_triton import (dequantize_sum_triton, dequantize_triton,
                                                 quantize_triton)
@@ -86,6 +112,7 @@ def run(n: int) -> dict:
             gbs = traffic_bytes(op, elems, bits) / seconds / 1e9
             rows.append({"op": op, "bits": bits, "elements": elems, "seconds": seconds,
                          "GB/s": gbs, "vs_copy": gbs / copy_gbs})
+    rows += topk_rows(src[:min(n, TOPK_ELEMENTS)], copy_gbs)
     spec = spec_bandwidth_gbs(props)
     for r in rows:
         r["vs_spec"] = r["GB/s"] / spec if spec else None

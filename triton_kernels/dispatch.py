@@ -19,9 +19,10 @@ import warnings
 import torch
 
 from . import quantize_ref as _ref
+from . import topk_ref as _topk
 
 __all__ = ["triton_available", "use_triton", "quantize", "dequantize", "dequantize_sum",
-           "quantized_nbytes"]
+           "quantized_nbytes", "topk_select"]
 
 _TRITON_OK = None
 _WHY_NOT: str | None = None
@@ -108,3 +109,17 @@ def quantized_nbytes(numel: int, bits: int, block_size: int) -> int:
     _ref.check_args(bits, block_size)
     nb = _ref.num_blocks(numel, block_size)
     return nb * block_size * bits // 8 + nb * 4
+
+
+def topk_select(x: torch.Tensor, k: int, residual: torch.Tensor | None = None):
+    """Top-k magnitude selection of a 1-D fp32 tensor -> ``(idx int32, vals fp32, residual)``;
+    see :mod:`triton_kernels.topk_ref` for the rule. ``residual`` (optional, may be ``x``)
+    receives x with the selected entries zeroed."""
+    if use_triton(x):
+        from .topk_triton import topk_select_triton
+        return topk_select_triton(x, k, residual)
+    idx, vals, res = _topk.topk_select_ref(x, k)
+    if residual is not None:
+        residual.reshape(-1).copy_(res)
+        res = residual.reshape(-1)
+    return idx, vals, res

@@ -29,9 +29,10 @@ def use_interpreter_if_no_cuda() -> bool:
                                "kernels would run in the interpreter and the GPU would test "
                                "nothing; unset TRITON_INTERPRET")
         return False
-    if "triton_kernels.quantize_triton" in sys.modules and not interpreting():
-        raise RuntimeError("triton_kernels.quantize_triton was imported before "
-                           "use_interpreter_if_no_cuda(): its kernels are already defined "
-                           "for a GPU this machine does not have")
+    for mod in ("triton_kernels.quantize_triton", "triton_kernels.topk_triton"):
+        if mod in sys.modules and not interpreting():
+            raise RuntimeError(f"{mod} was imported before use_interpreter_if_no_cuda(): its "
+                               "kernels are already defined for a GPU this machine does not "
+                               "have")
     os.environ["TRITON_INTERPRET"] = "1"
     return True

@@ -122,6 +122,7 @@ class ZeroEngine(DeepSpeedAccessors):
         self.monitor = TrainingMonitor(config, self.rank, self.world_size)
         self._window = _StepWindow()
         self.last_step_stats = None
+        self._bytes_seen = (0, 0)
         """Communication/compute accounting of the last optimizer step (zero/step_stats.py)."""
 
     # -- construction helpers ---------------------------------------------------------
@@ -292,6 +293,10 @@ class ZeroEngine(DeepSpeedAccessors):
         st = self.last_step_stats = self.sharded.stats.end_step()
         st.compute_s = max(0.0, w.forward_s + w.backward_s - st.all_gather_wait_s
                            - st.reduce_scatter_wait_s)
+        sent = (sum(self.sharded.reducer.bytes_sent.values()),
+                sum(self.sharded.gatherer.bytes_sent.values()))
+        st.reduce_bytes, st.all_gather_bytes = (a - b for a, b in zip(sent, self._bytes_seen))
+        self._bytes_seen = sent
         breakdown = self._config.wall_clock_breakdown
         loss = None
         if w.losses:  # collected on every rank for exactly the logged steps: one all-reduce

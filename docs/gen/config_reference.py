@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from zerolite.config import (  # noqa: E402
     KEY_SUPPORT, OPTIMIZER_PARAMS, SCHEDULER_PARAMS, ActivationCheckpointingConfig, Bf16Config,
-    Fp16Config, ZeroConfig, ZeroliteExtrasConfig, ZeroOptimizationConfig,
+    Fp16Config, SparseGradientsConfig, ZeroConfig, ZeroliteExtrasConfig, ZeroOptimizationConfig,
 )
 from zerolite.config import batch as _batch  # noqa: E402
 from zerolite.config import core as _core  # noqa: E402
@@ -100,7 +100,8 @@ PARAM_MEANING = {  # DeepSpeed's (= torch's) meaning of the optimizer and schedu
 JSON_TYPES = {"str": "string", "dict": "object", "list": "list", "None": "null",
               "OptimizerConfig": "object", "SchedulerConfig": "object", "Fp16Config": "object",
               "Bf16Config": "object", "ZeroOptimizationConfig": "object",
-              "ActivationCheckpointingConfig": "object", "ZeroliteExtrasConfig": "object"}
+              "ActivationCheckpointingConfig": "object", "ZeroliteExtrasConfig": "object",
+              "SparseGradientsConfig": "object"}
 MONITOR_MEANING = {"enabled": "Write the monitor's output.",
                    "output_path": "Directory of the output.",
                    "job_name": "Sub-directory / run name."}
@@ -267,6 +268,10 @@ def sections() -> list[tuple[str, str, list[Row]]]:
         ("zerolite", "zerolite's own block (`\"zerolite\": {...}`); DeepSpeed has no such "
          "keys. The watchdog keys can be overridden by environment variables (see "
          "[the watchdog](../watchdog.md)).", section_rows("zerolite", ZeroliteExtrasConfig)),
+        ("zerolite.sparse_gradients", "Top-k sparsified gradients with error feedback "
+         "(stages 2-3; refused at stages 0-1 and with `zero_quantized_gradients`); see "
+         "[Architecture](../architecture.md#sparsified-gradients-top-k-with-error-feedback).",
+         section_rows("zerolite.sparse_gradients", SparseGradientsConfig)),
         ("activation_checkpointing", "Accepted so DeepSpeed configs load; use "
          "`zerolite.checkpointing` for activation checkpointing.",
          section_rows("activation_checkpointing", ActivationCheckpointingConfig)),

@@ -226,6 +226,10 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
             and cfg.zero_optimization.stage >= 2:
         # Full fp32 gradients of every parameter stay on each rank between micro-steps.
         mem["reduce_once_per_step_bytes"] = 4 * num_params
+    sparse = cfg.zerolite.sparse_gradients
+    if sparse is not None and sparse.error_feedback:
+        # The error-feedback residual: a full (unsharded) fp32 gradient copy per rank.
+        mem["sparse_gradients_residual_bytes"] = 4 * num_params
     mem["not_included"] = "activations, temporary communication/gradient buffers, allocator overhead"
     out["memory"] = mem
     return out
@@ -266,4 +270,8 @@ def print_summary(summary: dict) -> None:
     if "reduce_once_per_step_bytes" in mem:
         print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "
               f"micro-steps: {_fmt(mem['reduce_once_per_step_bytes']).strip()} per rank")
+    if "sparse_gradients_residual_bytes" in mem:
+        print(f"  zerolite.sparse_gradients error-feedback residual, a full fp32 gradient copy "
+              f"(ZeRO's gradient sharding given back): "
+              f"{_fmt(mem['sparse_gradients_residual_bytes']).strip()} per rank")
     print(f"  not included: {mem['not_included']}")

@@ -5,6 +5,7 @@ import torch
 
 from zerolite.comm.quantized import QuantizedGradReducer, QuantizedParamGatherer
 from zerolite.comm.reducers import GradReducer, ParamGatherer
+from zerolite.comm.sparse import SparseGradReducer
 from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -13,7 +14,8 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 def build_grad_reducer(config, world_size: int, layer=None):
     """Exact reducer (optionally 16-bit on the wire), or ZeRO++ qgZ when
     `zero_optimization.zero_quantized_gradients` is on (bits, block size and error feedback
-    from the top-level `zerolite` block). Note: quantized gradients take precedence over
+    from the top-level `zerolite` block), or top-k sparsified gradients when
+    `zerolite.sparse_gradients` is set (the config refuses it together with qgZ). Note: quantized gradients take precedence over
     `communication_data_type` and `prescale_gradients`; they send codes, not 16-bit values.
     With a device layer, the reducer's work runs on its reduce stream (comm/streamed.py)."""
     reducer = _grad_reducer(config, world_size)
@@ -28,6 +30,16 @@ def _grad_reducer(config, world_size: int) -> GradReducer:
                                     error_feedback=extras.quantized_error_feedback)
     comm_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else None
     predivide = config.gradient_predivide_factor if config.prescale_gradients else 1.0
+    sparse = config.zerolite.sparse_gradients
+    if sparse is not None:
+        # Note: values go as fp32 (8 bytes per entry with the index); communication_data_type
+        # applies to the dense warmup steps only.
+        per_step = (1 if config.zerolite.reduce_once_per_step
+                    else config.gradient_accumulation_steps)
+        return SparseGradReducer(world_size, ratio=sparse.ratio,
+                                 error_feedback=sparse.error_feedback,
+                                 warmup_reduces=sparse.warmup_steps * per_step,
+                                 predivide=predivide)
     return GradReducer(world_size, comm_dtype=comm_dtype, predivide=predivide)
 
 

@@ -109,6 +109,22 @@ class ZeroConfig:
         self.steps_per_print = check_int("steps_per_print", self.steps_per_print, gt=0)
         self.wall_clock_breakdown = check_bool("wall_clock_breakdown", self.wall_clock_breakdown)
         self.dataloader_drop_last = check_bool("dataloader_drop_last", self.dataloader_drop_last)
+        self._check_sparse_gradients()
+
+    def _check_sparse_gradients(self) -> None:
+        """zerolite.sparse_gradients needs sharded gradients and excludes qgZ."""
+        if self.zerolite.sparse_gradients is None:
+            return
+        zc = self.zero_optimization
+        if zc.stage < 2:
+            fail_msg("zerolite.sparse_gradients",
+                     f"needs zero_optimization.stage 2 or 3 (the config has stage {zc.stage}): "
+                     "the top-k entries are sent to the owners of gradient shards; raise the "
+                     "stage or remove zerolite.sparse_gradients")
+        if zc.zero_quantized_gradients:
+            fail_msg("zerolite.sparse_gradients",
+                     "cannot be combined with zero_optimization.zero_quantized_gradients "
+                     "(both compress the same gradient reduce); turn one of them off")
 
     @property
     def precision_dtype(self):

@@ -279,6 +279,29 @@ class ActivationCheckpointingConfig(Section):
 
 
 @dataclass
+class SparseGradientsConfig(Section):
+    """``"zerolite": {"sparse_gradients": {...}}``: top-k sparsified gradient reduction with
+    error feedback (stages 2-3; comm/sparse.py). Each rank sends, per unit, only the largest
+    ``ratio`` of its gradient's entries (index + value) to the shards' owners."""
+
+    _PATH: ClassVar[str] = "zerolite.sparse_gradients"
+
+    ratio: float = 0.01
+    """Fraction of a unit's gradient elements each rank sends per reduce (0 < ratio <= 1)."""
+    error_feedback: bool = True
+    """Keep what was not sent (a full fp32 unit-sized residual per rank) and add it to the next
+    gradient. Costs 4 bytes x parameters per rank: ZeRO's gradient-memory saving, given back."""
+    warmup_steps: int = 0
+    """Optimizer steps reduced densely (exactly) before sparsification starts."""
+
+    def __post_init__(self):
+        p = self._PATH
+        self.ratio = check_float(f"{p}.ratio", self.ratio, gt=0, le=1)
+        self.error_feedback = check_bool(f"{p}.error_feedback", self.error_feedback)
+        self.warmup_steps = check_int(f"{p}.warmup_steps", self.warmup_steps, ge=0)
+
+
+@dataclass
 class ZeroliteExtrasConfig(Section):
     """Top-level ``"zerolite"`` block: options zerolite adds beyond DeepSpeed's keys."""
 
@@ -294,6 +317,9 @@ class ZeroliteExtrasConfig(Section):
     """Carry quantization error into the next step's gradients."""
     unit_policy: list | None = None
     """Module class names that form ZeRO-3 gather units; null = zerolite's default policy."""
+    sparse_gradients: SparseGradientsConfig | None = None
+    """Top-k sparsified gradients with error feedback ({ratio, error_feedback, warmup_steps};
+    stages 2-3, not with zero_quantized_gradients); null = exact (dense) reduction."""
     reduce_once_per_step: bool = False
     """With gradient accumulation at stages 2-3: keep full fp32 gradients across micro-steps
     and reduce-scatter once per optimizer step instead of every micro-step (FSDP2's
@@ -310,9 +336,20 @@ class ZeroliteExtrasConfig(Section):
     watchdog_interval_s: float = 1.0
     """Seconds between heartbeats (and between checks of the others)."""
 
+    @classmethod
+    def _preprocess(cls, d: dict, ctx: ParseContext) -> dict:
+        sparse = d.get("sparse_gradients")
+        if sparse is not None:
+            d["sparse_gradients"] = SparseGradientsConfig.from_dict(sparse, ctx)
+        return d
+
     def __post_init__(self):
         p = self._PATH
         self.comm_timeout_s = check_int(f"{p}.comm_timeout_s", self.comm_timeout_s, gt=0)
+        if self.sparse_gradients is not None \
+                and not isinstance(self.sparse_gradients, SparseGradientsConfig):
+            fail(f"{p}.sparse_gradients", self.sparse_gradients,
+                 "an object {ratio, error_feedback, warmup_steps} or null")
         bits = self.quantized_gradients_bits
         if isinstance(bits, bool) or bits not in (4, 8):
             fail(f"{p}.quantized_gradients_bits", bits, "4 or 8")

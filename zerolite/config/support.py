@@ -11,8 +11,8 @@ import dataclasses
 from typing import Any
 
 from .sections import (
-    ActivationCheckpointingConfig, Bf16Config, Fp16Config, ZeroliteExtrasConfig,
-    ZeroOptimizationConfig, is_deepspeed_only,
+    ActivationCheckpointingConfig, Bf16Config, Fp16Config, SparseGradientsConfig,
+    ZeroliteExtrasConfig, ZeroOptimizationConfig, is_deepspeed_only,
 )
 
 HONOURED, IGNORED, REJECTED = "honoured", "accepted-ignored", "rejected"
@@ -66,6 +66,8 @@ def _build() -> dict[str, str]:
         table[f"activation_checkpointing.{f.name}"] = IGNORED
     for f in dataclasses.fields(ZeroliteExtrasConfig):
         table[f"zerolite.{f.name}"] = HONOURED
+    for f in dataclasses.fields(SparseGradientsConfig):
+        table[f"zerolite.sparse_gradients.{f.name}"] = HONOURED
     return table
 
 

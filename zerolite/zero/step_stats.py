@@ -12,6 +12,10 @@ the *_wait_s are CUDA events on the compute stream around each wait (how long co
 stalled) and the *_stream_s are events on the side streams, read at the end of the step.
 On CPU both are the host clock (the device layer's timers), as before.
 peak_live_bytes   most full-parameter bytes gathered at once
+reduce_bytes / all_gather_bytes  bytes this rank handed to the gradient-reduce / parameter-
+                  gather collectives for other ranks in the step (the reducer's and gatherer's
+                  `bytes_sent`, filled by the engine): measured from the tensors sent, so
+                  compression (qgZ, top-k sparse gradients) shows as it is
 compute_s         forward + backward time of the step minus the exposed waits above
                   (filled by the engine at the optimizer step)
 """
@@ -36,6 +40,8 @@ class StepStats:
     compute_s: float = 0.0
     all_gather_stream_s: float = 0.0
     reduce_stream_s: float = 0.0
+    reduce_bytes: int = 0
+    all_gather_bytes: int = 0
     events: list = field(default_factory=list)
     """(lane, name, start_s, end_s) when tracing is on."""
 
