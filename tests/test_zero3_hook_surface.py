@@ -324,3 +324,30 @@ def test_deepspeed_unwrap_model_for_generation_gathers_once_and_training_goes_on
     assert out["hooks_after"] == (6, 6)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     assert "expected the engine deepspeed.initialize returned, got GPT" in out["plain_module"]
+
+
+def _ds_tensors(rank, world):
+    from zerolite.zero.sharded_model import gather_full_state_dict
+
+    engine, *_ = zerolite.initialize(model=tiny_gpt(), config=ds_config(world, stage=3))
+    named = dict(engine.module.named_parameters())
+    before = {n: p.ds_tensor.clone() for n, p in named.items()}
+    train_engine(engine, batches(1), rank, world)
+    after = {n: p.ds_tensor.clone() for n, p in named.items()}
+    return before, after, gather_full_state_dict(engine.sharded), {
+        n: p.ds_numel for n, p in named.items()}
+
+
+def test_ds_tensor_is_this_ranks_live_piece_of_the_param():
+    """Each rank's `param.ds_tensor` holds its part of the param; the parts of all ranks, in
+    rank order, are the param, and they follow the optimizer step (a view, not a copy)."""
+    ranks = run_ranks(_ds_tensors, 2)
+    initial = dict(tiny_gpt().named_parameters())
+    for name, numel in ranks[0][3].items():
+        full = ranks[0][2][name]
+        before = torch.cat([r[0][name] for r in ranks])
+        after = torch.cat([r[1][name] for r in ranks])
+        assert before.numel() == after.numel() == numel == full.numel(), name
+        torch.testing.assert_close(before, initial[name].detach().reshape(-1), rtol=0, atol=0)
+        torch.testing.assert_close(after, full.reshape(-1), rtol=0, atol=0)
+        assert not torch.equal(before, after), name

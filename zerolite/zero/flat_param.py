@@ -255,6 +255,17 @@ class FlatParam:
         self.grads_ready = 0
         return buf
 
+    def local_piece(self, index: int) -> torch.Tensor:
+        """The part of param `index` this rank's shard holds, as a 1-D view of the shard (0 to
+        numel elements: a param may straddle shards), or an empty tensor while the shard is
+        out of memory: what DeepSpeed calls the param's `ds_tensor`."""
+        slot = self.slots[index]
+        lo, hi = rank_range(self.rank, self.shard_numel)
+        start, end = max(slot.offset, lo), min(slot.offset + slot.numel, hi)
+        if not self.shard_loaded or start >= end:
+            return self.shard.new_empty(0)
+        return self.shard[start - lo:end - lo]
+
     def local_shard_of(self, flat: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a full (padded) flat-shaped tensor."""
         lo, hi = rank_range(self.rank, self.shard_numel)

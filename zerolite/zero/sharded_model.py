@@ -191,7 +191,8 @@ class ShardedModel:
         logger.debug("zerolite units: %s", self.units)
 
     def _tag_params(self) -> None:
-        """DeepSpeed-style attributes (ds_id, ds_shape, ds_numel) plus our own handle, so
+        """DeepSpeed-style attributes (ds_id, ds_shape, ds_numel, ds_tensor: this rank's piece
+        of the param, a live view of its shard) plus our own handle, so
         code that checks for ZeRO-3 params (and GatheredParameters) can find them."""
         ds_id = 0
         for unit in self.units:
@@ -200,6 +201,7 @@ class ShardedModel:
                     p.zl_handle = ParamHandle(self, unit, flat, i)
                     p.ds_id, p.ds_shape, p.ds_numel = ds_id, torch.Size(slot.shape), slot.numel
                     p.ds_param_type = ZeroParamType.PARTITIONED
+                    p.ds_tensor = flat.local_piece(i)
                     ds_id += 1
 
     @staticmethod
