@@ -57,25 +57,25 @@ def _env(root: str, extra: dict | None) -> dict:
     return env
 
 
-def _commands(kind: str, args: list) -> tuple[list, list]:
-    """(commands, per-command extra env) of a job."""
+def _commands(kind: str, args: list, script: str = SCRIPT) -> tuple[list, list]:
+    """(commands, per-command extra env) of a job running `script` (exit_modes.py unless told)."""
     if kind == "two-launchers":
         port = str(free_port())
         return ([[sys.executable, "-m", "zerolite.cli", "--num_nodes", "2", "--node_rank",
                   str(r), "--num_procs", "1", "--master_addr", "127.0.0.1", "--master_port",
-                  port, SCRIPT, *args] for r in (0, 1)], [{}, {}])
+                  port, script, *args] for r in (0, 1)], [{}, {}])
     if kind == "one-launcher":
-        return [[sys.executable, "-m", "zerolite.cli", "--num_procs", "2", SCRIPT, *args]], [{}]
+        return [[sys.executable, "-m", "zerolite.cli", "--num_procs", "2", script, *args]], [{}]
     if kind == "plain":  # the script's own init_process_group; MASTER_PORT where nobody listens
         base = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        return ([[sys.executable, SCRIPT, *args]] * 2,
+        return ([[sys.executable, script, *args]] * 2,
                 [dict(base, RANK=str(r), LOCAL_RANK=str(r)) for r in (0, 1)])
     raise ValueError(kind)
 
 
 def run_job(kind: str, *args: str, root: str = ROOT, env: dict | None = None,
-            timeout_s: float = 150.0, cwd: str | None = None) -> Job:
-    cmds, envs = _commands(kind, list(args))
+            timeout_s: float = 150.0, cwd: str | None = None, script: str = SCRIPT) -> Job:
+    cmds, envs = _commands(kind, list(args), script)
     start = time.monotonic()
     procs = [subprocess.Popen(c, env=_env(root, dict(env or {}, **e)), cwd=cwd,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -304,3 +304,15 @@ def test_help_and_consolidate_delegation(monkeypatch):
     monkeypatch.setitem(sys.modules, "zerolite.checkpoint.consolidate", fake)
     assert cli_pkg.main(["consolidate", "in", "out"]) == 0
     assert calls == [["in", "out"]]
+
+
+def test_launcher_exit_now_flushes_and_keeps_the_code():
+    """launch.exit_now (the `zerolite` command's end once its job is over, skipping the
+    interpreter's seconds-long finalization after `import torch`): buffered output still
+    arrives and the job's exit code is the process's."""
+    code = ("import sys, torch; from zerolite.cli.launch import exit_now; "
+            "sys.stdout.write('buffered out'); sys.stderr.write('buffered err'); exit_now(7)")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (7, "buffered out", "buffered err")

@@ -17,24 +17,26 @@ SUBCOMMANDS = ("launch", "check-config", "report", "consolidate")
 
 
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage:\n" + USAGE)
         print("\n`zerolite <subcommand> --help` shows a subcommand's options.")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command not in SUBCOMMANDS:
+        command, rest = "launch", argv
     if command == "launch":
-        from zerolite.cli.launch import main as run
+        from zerolite.cli.launch import main as launch
+
+        def run(rest):  # the `zerolite` command itself (argv from sys.argv): exit at once
+            return launch(rest, exit_process=process)  # after a job (launch.exit_now)
     elif command == "check-config":
         from zerolite.cli.check_config import main as run
     elif command == "report":
         from zerolite.cli.report import main as run
-    elif command == "consolidate":
-        run = _consolidate
     else:
-        from zerolite.cli.launch import main as run
-
-        rest = argv
+        run = _consolidate
     try:
         return run(rest)
     except KeyboardInterrupt:
