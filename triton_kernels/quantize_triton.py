@@ -22,25 +22,10 @@ from __future__ import annotations
 
 import torch
 
-import importlib.util
-
 from .quantize_ref import check_args, num_blocks, seed_key
 from .runtime import interpreting
 
-TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
-IMPORT_ERROR: str | None = None
-"""Why an installed triton failed to import (None when it imported or is not installed)."""
-try:  # lazy / optional: the package must import without triton
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except Exception as exc:  # pragma: no cover - depends on the environment
-    triton = None
-    tl = None
-    HAS_TRITON = False
-    if TRITON_INSTALLED:
-        IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+from .optional_triton import HAS_TRITON, IMPORT_ERROR, TRITON_INSTALLED, tl, triton  # noqa: F401
 
 __all__ = ["HAS_TRITON", "IMPORT_ERROR", "TUNED", "quantize_triton", "dequantize_triton",
            "dequantize_sum_triton"]

@@ -27,25 +27,11 @@ Tiles: one fixed tile per program (large in the interpreter, which is slow per p
 """
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from .runtime import interpreting
 
-TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
-IMPORT_ERROR: str | None = None
-try:  # the package must import without triton
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except Exception as exc:  # pragma: no cover - depends on the environment
-    triton = None
-    tl = None
-    HAS_TRITON = False
-    if TRITON_INSTALLED:
-        IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+from .optional_triton import HAS_TRITON, IMPORT_ERROR, TRITON_INSTALLED, tl, triton  # noqa: F401
 
 __all__ = ["HAS_TRITON", "IMPORT_ERROR", "topk_select_triton", "topk_threshold_triton"]
 
