@@ -256,13 +256,21 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         return sum(c.rmaster.numel() * 4 for c in self._chunks if c.rmaster is not None)
 
     # -- whole-shard state, for checkpoints (OffloadedState) --------------------------------
-    def _gather_state(self, master) -> dict | None:
+    def _state_head(self, master):
+        """(chunks, copies of the non-chunked state entries) of `master`'s state, or None when
+        it has none yet; refuses a torn shard."""
         chunks = self._by_master.get(master)
         if not chunks or not chunks[0].has_state:
             return None
         self.refuse_if_torn(master)
-        out = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
-               for k, v in chunks[0].small.items()}
+        return chunks, {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                        for k, v in chunks[0].small.items()}
+
+    def _gather_state(self, master) -> dict | None:
+        head = self._state_head(master)
+        if head is None:
+            return None
+        chunks, out = head
         for name, dtype in (self._names or {}).items():
             full = torch.empty(master.shape, dtype=dtype, device=master.device)
             for c in chunks:
@@ -325,12 +333,10 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
     def state_entries(self, master) -> dict | None:
         """`self.state[master]` with every chunk-shaped entry replaced by a ShardEntry, in the same
         order; reads no file. None when the shard has no state yet."""
-        chunks = self._by_master.get(master)
-        if not chunks or not chunks[0].has_state:
+        head = self._state_head(master)
+        if head is None:
             return None
-        self.refuse_if_torn(master)
-        out = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
-               for k, v in chunks[0].small.items()}
+        out = head[1]
         for name, dtype in (self._names or {}).items():
             out[name] = ShardEntry(dtype, tuple(master.shape))
         return out
