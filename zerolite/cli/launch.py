@@ -314,12 +314,11 @@ def launcher_command(args: argparse.Namespace) -> dict | None:
 def exit_now(rc: int) -> None:
     """End the launcher process with `rc` now that its job is over.
 
-    Note: launcher exit. By then torchrun has exited and every rank is gone; what is left is
-    this interpreter's finalization, which after `import torch` (plan() counts GPUs) took
-    2.3-2.5 s on the 2-core dev machine at load 9 (more at load 15), on top of torchrun's own:
-    issue 24's fault matrix at the shipped limits, at load 15, ended a deadlock 9-15 s after
-    the watchdog's verdict (54-62 s after the fault) where the design allows ~5 s. Nothing of
-    the launcher's needs finalizing: flush the output and leave.
+    [Note: launcher exit] By then torchrun has exited and every rank is gone; what is left is
+    this interpreter's finalization, which after `import torch` (plan() counts GPUs) takes
+    seconds on a loaded machine and delays the job's end past the watchdog's verdict (issue
+    24's fault matrix measured it). Nothing of the launcher's needs finalizing: flush the
+    output and leave.
     """
     for stream in (sys.stdout, sys.stderr):
         try:
