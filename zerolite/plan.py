@@ -74,7 +74,7 @@ class Cluster:
 @dataclass(frozen=True)
 class Workload:
     units: tuple[Unit, ...]
-    tokens_per_gpu: int = 8192
+    tokens_per_gpu: int = 4096
     """Tokens each GPU processes per optimizer step (all micro-steps)."""
     micro_steps: int = 1
     """Gradient accumulation steps: ZeRO-3 gathers and reduces once per micro-step."""

@@ -1,6 +1,6 @@
 """`zerolite plan`: the step-time model of zerolite.plan as a table (or `--json`).
 
-    zerolite plan --params 7e9 --gpus 8 64 256 1024 [--tokens-per-gpu 8192] [--summary]
+    zerolite plan --params 7e9 --gpus 8 64 256 1024 [--tokens-per-gpu 4096] [--summary]
     zerolite plan --layers 32 --d-model 4096 --vocab 32000 --seq 4096 --gpus 64
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--d-model", type=int)
     size.add_argument("--vocab", type=int)
     size.add_argument("--seq", type=int, help="sequence length (learned position embeddings)")
-    p.add_argument("--tokens-per-gpu", type=int, default=8192,
-                   help="tokens per GPU per optimizer step, all micro-steps (default 8192)")
+    p.add_argument("--tokens-per-gpu", type=int, default=4096,
+                   help="tokens per GPU per optimizer step, all micro-steps (default 4096)")
     p.add_argument("--micro-steps", type=int, default=1,
                    help="gradient accumulation steps (ZeRO-3 gathers/reduces each; default 1)")
     p.add_argument("--gpus", type=int, nargs="+", default=[8], help="GPU count(s)")
