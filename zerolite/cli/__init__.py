@@ -4,6 +4,7 @@
     zerolite check-config CONFIG.json --world-size N [--params P | --model mod:factory]
     zerolite report                                               environment for bug reports
     zerolite consolidate ...                                      merge per-rank checkpoints
+    zerolite plan --params P --gpus N [...]                       step-time model (comm vs compute)
 
 Without a subcommand the arguments go to `launch`, as with DeepSpeed's `deepspeed` command.
 Subcommands import their dependencies lazily so that `zerolite --help` stays fast.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import sys
 
 USAGE = __doc__.split("\n\n")[1]
-SUBCOMMANDS = ("launch", "check-config", "report", "consolidate")
+SUBCOMMANDS = ("launch", "check-config", "report", "consolidate", "plan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         from zerolite.cli.check_config import main as run
     elif command == "report":
         from zerolite.cli.report import main as run
+    elif command == "plan":
+        from zerolite.cli.plan import main as run
     else:
         run = _consolidate
     try:
