@@ -94,7 +94,8 @@ def test_optimizer_defaults_and_canonical_names():
     assert cfg.optimizer.type == "Adam"
     assert cfg.optimizer.params == {"lr": 3e-4, "betas": (0.9, 0.999), "eps": 1e-8,
                                     "weight_decay": 0.0, "bias_correction": True,
-                                    "amsgrad": False, "adam_w_mode": True, "torch_adam": False}
+                                    "amsgrad": False, "adam_w_mode": True, "torch_adam": False,
+                                    "fp32_optimizer_states": None}
     for spelled, canon in [("ADAMW", "AdamW"), ("sgd", "SGD"), ("Adagrad", "Adagrad"),
                            ("lamb", "Lamb"), ("Lion", "Lion")]:
         opt = load_quiet(with_(optimizer={"type": spelled})).optimizer

@@ -254,8 +254,9 @@ def test_param_offload_refusals_name_the_key(tmp_path):
                            match=rf"offload_param.device: 'nvme' needs .*stage 3.*stage {stage}"):
             load_config(bad, world_size=1)
     fp32_alone = _cfg(1, "bf16", tmp_path, precision="fp32")
-    with pytest.raises(RankFailed, match="offload_param.device: 'nvme' with fp32 training "
-                                         "needs zero_optimization.offload_optimizer.device"):
+    with pytest.raises(RankFailed, match=r"offload_param.device: 'nvme' with masters in the "
+                                         r"compute dtype \(fp32 training.*needs "
+                                         "zero_optimization.offload_optimizer.device"):
         run_ranks(_build, 1, fp32_alone)
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")

@@ -10,18 +10,20 @@ from zerolite.zero.sharded_model import gather_full_state_dict
 from gpt_cases import batches, ds_config, reference_run, tiny_gpt
 
 
-def _train(rank, world, stage, bf16):
+def _train(rank, world, stage, bf16, torch_backward=False):
     model = tiny_gpt()
     engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(),
                                      config=ds_config(world, stage=stage, bf16=bf16))
-    losses = train_engine(engine, batches(), rank, world)
+    losses = train_engine(engine, batches(), rank, world, torch_backward=torch_backward)
     return losses, gather_full_state_dict(engine.sharded)
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_stage3_fp32_matches_reference(world):
+@pytest.mark.parametrize("world, backward", [(1, "engine"), (2, "engine"), (4, "engine"),
+                                             (2, "loss.backward()")])
+def test_stage3_fp32_matches_reference(world, backward):
+    """Also through `loss.backward()` (DeepSpeed >= 0.18 scripts): AdamW, clipping, gas 2."""
     ref_losses, ref_params = reference_run()
-    losses, params = run_ranks(_train, world, 3, False)[0]
+    losses, params = run_ranks(_train, world, 3, False, backward != "engine")[0]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     assert params.keys() == ref_params.keys()
     # Adam divides by sqrt(v): where a gradient is near zero, fp32 summation-order noise

@@ -11,21 +11,24 @@ from zerolite.zero.sharded_model import gather_full_state_dict
 from gpt_cases import batches, ds_config, reference_run, tiny_gpt
 
 
-def _train(rank, world, stage):
+def _train(rank, world, stage, torch_backward=False):
     model = tiny_gpt()
     total = sum(p.numel() for p in model.parameters())
     engine, optimizer, *_ = zerolite.initialize(model=model, config=ds_config(world, stage=stage))
-    losses = train_engine(engine, batches(), rank, world)
+    losses = train_engine(engine, batches(), rank, world, torch_backward=torch_backward)
     masters = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
     live_param_numel = sum(p.numel() for p in model.parameters())
     return losses, gather_full_state_dict(engine.sharded), masters, live_param_numel, total
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world, backward", [(2, "engine"), (4, "engine"),
+                                             (2, "loss.backward()")])
 @pytest.mark.parametrize("stage", [0, 1, 2])
-def test_stage_matches_reference(stage, world):
+def test_stage_matches_reference(stage, world, backward):
+    """Also through `loss.backward()` (DeepSpeed >= 0.18 scripts)."""
     ref_losses, ref_params = reference_run()
-    losses, params, masters, live, total = run_ranks(_train, world, stage)[0]
+    losses, params, masters, live, total = run_ranks(_train, world, stage,
+                                                     backward != "engine")[0]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     for name, value in ref_params.items():
         torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-5, msg=name)

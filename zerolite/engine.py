@@ -25,10 +25,11 @@ from zerolite.monitor import TrainingMonitor
 from zerolite.config.offload import OffloadConfig
 from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 from zerolite.offload.plan import build_plan
-from zerolite.optim.builder import build_optimizer
+from zerolite.optim.builder import build_optimizer, check_master_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
 from zerolite.optim.param_groups import param_groups
+from zerolite.zero.flat_placement import MasterHome
 from zerolite.zero.partition import policy_from_classes
 from zerolite.zero.sliced_param import partition_info
 from zerolite.zero.sharded_model import ShardedModel, ShardingOptions
@@ -94,12 +95,21 @@ class ZeroEngine(DeepSpeedAccessors):
                                                                self.device_layer),
                                     gatherer=build_param_gatherer(config, self.device_layer),
                                     device_layer=self.device_layer,
-                                    plan=self.placement_plan)
+                                    plan=self.placement_plan,
+                                    master_dtype=config.master_dtype)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
+        bf16_masters = config.bf16.bf16_master_weights_and_grads
+        rounding = config.zerolite.master_rounding
         self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
                                          opt_cfg.params if opt_cfg else None, optimizer, masters,
-                                         cpu_optimizer=zc.offload_optimizer is not None)
+                                         cpu_optimizer=zc.offload_optimizer is not None,
+                                         master_rounding=rounding if bf16_masters else None,
+                                         bf16_optimizer_states=config.bf16.bf16_optimizer_states)
+        if bf16_masters and self.optimizer is not None:
+            check_master_optimizer(self.optimizer, offloaded=zc.offload_optimizer is not None,
+                                   bf16_states=config.bf16.bf16_optimizer_states,
+                                   master_rounding=rounding)
         self.optimizer = self.placement_plan.wrap_optimizer(self.optimizer)
         self.sharded.parameter_offload.attach_to(self.optimizer)  # optimizer.parameter_offload
         self.fragments = TensorFragments(self.sharded, self.optimizer)  # deepspeed.utils.safe_*
@@ -419,6 +429,11 @@ class ZeroEngine(DeepSpeedAccessors):
         """This rank's resident memory and what zerolite itself holds, in bytes."""
         shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)
         master = sum(f.master_nbytes() for f in self.sharded.flats)
+        # reduced gradient shards waiting for the step, in the masters' dtype (on the host
+        # with offload_optimizer 'cpu': counted under "host")
+        grads = sum(f.master.grad.numel() * f.master.grad.element_size()
+                    for f in self.sharded.flats if f.master is not None and f.master.grad is not None
+                    and f.placement.master_home is not MasterHome.HOST)
         if isinstance(self.optimizer, ChunkedOffloadOptimizer):
             master += self.optimizer.master_resident_nbytes()  # swapped-out masters' rest
             optim = self.optimizer.resident_state_nbytes()  # its chunk buffers
@@ -429,7 +444,7 @@ class ZeroEngine(DeepSpeedAccessors):
         plan = self.placement_plan
         host = plan.host_nbytes(self.sharded.flats, self.optimizer)
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
-                "master_shards": master, "optimizer_state": optim,
+                "master_shards": master, "grad_shards": grads, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes(),
                 # full-size buffers kept for reuse (the most ever live at once), and the
                 # spare / read-ahead shard buffers of offload_param nvme (param_swap.py)

@@ -66,6 +66,9 @@ PARAM_MEANING = {  # DeepSpeed's (= torch's) meaning of the optimizer and schedu
     "adam_w_mode": "Adam: decoupled weight decay (AdamW) when true, L2 when false. AdamW: "
                    "false is ignored with a warning, as DeepSpeed does.",
     "torch_adam": "Keep torch's default Adam implementation instead of the fused CPU one.",
+    "fp32_optimizer_states": "DeepSpeedCPUAdam (offload_optimizer): Adam moments in fp32 "
+                             "(default) or, false, in the masters' dtype (bf16 masters); "
+                             "bf16.bf16_optimizer_states forces false, as DeepSpeed does.",
     "momentum": "Momentum factor.", "dampening": "Dampening of the momentum.",
     "nesterov": "Nesterov momentum (needs momentum > 0 and dampening 0).",
     "lr_decay": "Learning-rate decay.", "initial_accumulator_value": "Start of the sum of "

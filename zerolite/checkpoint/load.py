@@ -22,6 +22,7 @@ from zerolite.checkpoint.format import (CheckpointFiles, flat_key, param_index, 
                                         resolve_checkpoint)
 from zerolite.checkpoint.save import persistent_buffers
 from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
+from zerolite.optim.master_update import state_entry_dtype
 from zerolite.zero.flat_placement import MasterHome, ShardHome
 from zerolite.zero.shard_math import overlap, rank_range
 
@@ -201,7 +202,7 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
             else where.shard.home is ShardHome.FILE
         dst = flat.master.data if flat.master is not None else flat.shard
         if swapped:  # the value lives in offload files: fill a temporary, then write it
-            dst = torch.empty(flat.shard_numel, dtype=torch.float32 if flat.master is not None
+            dst = torch.empty(flat.shard_numel, dtype=flat.master.dtype if flat.master is not None
                               else flat.compute_dtype, device=flat.device)
         _fill(files, flat, pieces, "param", dst)
         if swapped and flat.master is not None:
@@ -229,7 +230,7 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
             if kind == "shard":
                 old = have.get(name)
                 t = old if isinstance(old, torch.Tensor) and old.shape == dst.shape else \
-                    torch.zeros_like(dst)
+                    torch.zeros_like(dst, dtype=state_entry_dtype(opt, flat.master, name))
                 _fill(files, flat, pieces, f"optim/{name}", t)
                 state[name] = t
             else:
@@ -245,8 +246,8 @@ def _stream_offloaded(opt, files: CheckpointFiles, flat, pieces, desc, src_key,
     values = {name: files.read_small(first_rank, f"{src_key}/optim/{name}").clone()
               for name, kind in desc["tensors"].items() if kind != "shard"}
     values.update(desc["values"])
-    dtypes = {name: flat.master.dtype for name, kind in desc["tensors"].items()
-              if kind == "shard"}
+    dtypes = {name: opt.state_entry_dtype(flat.master, name)
+              for name, kind in desc["tensors"].items() if kind == "shard"}
 
     def fill(name: str, lo: int, out: torch.Tensor) -> None:
         out.zero_()  # what the checkpoint does not cover (load_module_strict=False) starts at 0

@@ -15,6 +15,13 @@ engine.memory_stats() of real runs (tests/test_memory_estimate.py):
     0-2 also keep the full params), grads 4, optimizer 8 (exp_avg + exp_avg_sq)
         stage 0: 20Ψ   stage 1: 8Ψ + 12Ψ/N   stage 2: 4Ψ + 16Ψ/N   stage 3: 16Ψ/N
 
+    bf16 masters (bf16.bf16_master_weights_and_grads; the bf16 master IS the param shard):
+    params 2, grad shards 2 (stages 0-1 keep their full fp32 accumulation buffer, 4), optimizer
+    8 (fp32 moments, with offload_optimizer) or, with bf16.bf16_optimizer_states, 4 (+2 for
+    zerolite.master_rounding "kahan"'s compensation)
+        stage 3: 12Ψ/N (fp32 moments)   8Ψ/N (bf16 states)   10Ψ/N (bf16 states + kahan)
+    (zerolite/state_bytes.py holds the table)
+
 Note: the ZeRO paper's table (16Ψ at stage 0, 16Ψ/N at stage 3 with 16-bit grads) is
 DeepSpeed's accounting. zerolite differs in two places: gradients are fp32 (reduced and accumulated in
 fp32: +2Ψ or +2Ψ/N in mixed precision), and at stages 0-2 the full compute-dtype params sit
@@ -32,48 +39,44 @@ import os
 import sys
 import warnings
 
+from zerolite.state_bytes import mode_of, state_bytes
+
 MIB = 1024 ** 2
 GIB = 1024 ** 3
 
-# part -> bytes per parameter as (unsharded, sharded over N), by precision kind and stage.
-_C = {"mixed": 2, "fp32": 4}
-"""Compute-dtype bytes; for fp32 the param shard is the master (counted under params)."""
-_OPTIM = {"mixed": 12, "fp32": 8}
-
-
-def _layout(kind: str, stage: int) -> dict[str, tuple[int, int]]:
-    c = _C[kind]
+def _layout(sb, stage: int) -> dict[str, tuple[int, int]]:
+    """part -> bytes per parameter as (unsharded, sharded over N), for the StateBytes `sb`."""
+    c = sb.compute
     if stage == 0:  # nothing sharded: full params + a full shard (= the master for fp32)
         params = (2 * c, 0)
     elif stage < 3:  # full params kept gathered, plus this rank's shard
         params = (c, c)
     else:
         params = (0, c)
-    grads = (4, 0) if stage < 2 else (0, 4)  # fp32 (stage 1: the full accumulation buffer)
-    optimizer = (_OPTIM[kind], 0) if stage == 0 else (0, _OPTIM[kind])
+    # stages 0-1: the full fp32 accumulation buffer; 2-3: the reduced shard (master's dtype)
+    grads = (4, 0) if stage < 2 else (0, sb.grad)
+    optimizer = (sb.optimizer, 0) if stage == 0 else (0, sb.optimizer)
     return {"params": params, "grads": grads, "optimizer": optimizer}
 
 
-_PRECISIONS = {"fp16": "mixed", "bf16": "mixed", "mixed": "mixed", "fp32": "fp32"}
-
-
 def estimate_model_state_bytes(num_params: int, world_size: int, stage: int,
-                               precision: str) -> dict:
+                               precision: str, compensation: bool = False) -> dict:
     """Per-rank model-state bytes for Adam under ZeRO ``stage`` (0-3).
 
-    ``precision``: "fp16", "bf16" (or "mixed") or "fp32". Returns a dict with "params",
-    "grads", "optimizer" (fp32 master + Adam moments), "total" (floats, bytes) and "formula"
-    (e.g. "4Ψ + 12Ψ/N"). Excludes activations and stage 3's gathered units.
+    ``precision``: "fp16", "bf16" (or "mixed"), "fp32", "bf16_masters" or
+    "bf16_masters_states" (zerolite/state_bytes.py); ``compensation``: the Kahan buffer of bf16
+    masters. Returns a dict with "params", "grads", "optimizer" (master apart from the shard +
+    Adam moments + compensation), "total" (floats, bytes) and "formula" (e.g. "4Ψ + 12Ψ/N").
+    Excludes activations and stage 3's gathered units.
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
-    if precision not in _PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
+    sb = state_bytes(precision, compensation=compensation)
     if world_size < 1 or num_params < 0:
         raise ValueError("world_size must be >= 1 and num_params >= 0")
     out: dict = {}
     full = shard = 0
-    for part, (unsharded, sharded) in _layout(_PRECISIONS[precision], stage).items():
+    for part, (unsharded, sharded) in _layout(sb, stage).items():
         out[part] = float(unsharded * num_params) + sharded * num_params / world_size
         full, shard = full + unsharded, shard + sharded
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
@@ -195,13 +198,15 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
                      "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
                      "world_size": cfg.world_size},
            "num_params": num_params, "precision": _precision_of(cfg),
+           "state_mode": mode_of(cfg)[0], "compensation": mode_of(cfg)[1],
            "stage": cfg.zero_optimization.stage, "memory": None}
     if num_params is None:
         return out
-    precision = out["precision"]
-    compute_bytes = 4 if precision == "fp32" else 2
-    mem = {"per_stage": {s: estimate_model_state_bytes(num_params, cfg.world_size, s, precision)
-                         for s in range(4)}}
+    mode, compensation = mode_of(cfg)
+    sb = state_bytes(mode, compensation=compensation)
+    compute_bytes = sb.compute
+    mem = {"per_stage": {s: estimate_model_state_bytes(num_params, cfg.world_size, s, mode,
+                                                       compensation) for s in range(4)}}
     if model is not None:
         root, largest = _unit_sizes(model)
         live = min(num_params, root + 2 * largest)
@@ -218,7 +223,7 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
 
     zc = cfg.zero_optimization
     mem["offload_optimizer"] = offload_bytes(
-        mem["per_stage"], zc.stage, precision, cfg.world_size, num_params, zc.offload_optimizer,
+        mem["per_stage"], zc.stage, sb, cfg.world_size, num_params, zc.offload_optimizer,
         int(zc.sub_group_size), gas=cfg.gradient_accumulation_steps,
         param_block=zc.offload_param, largest_unit=largest if model is not None else None)
     mem["offload_optimizer_in_config"] = configured_choice(zc)
@@ -247,7 +252,12 @@ def print_summary(summary: dict) -> None:
         print("\nmemory: pass --params P or --model module:factory for a memory estimate")
         return
     precision, stage = summary["precision"], summary["stage"]
-    kind = "mixed precision" if precision != "fp32" else "fp32 master = param shard"
+    kind = {"mixed": "mixed precision", "fp32": "fp32 master = param shard",
+            "bf16_masters": "bf16 master = param shard, fp32 moments",
+            "bf16_masters_states": "bf16 master = param shard, bf16 moments"}[
+        summary["state_mode"]]
+    if summary.get("compensation"):
+        kind += ", kahan compensation"
     print(f"\nmodel-state memory per rank: {summary['num_params']:,} params, {precision} "
           f"({kind}), Adam, world_size N={b['world_size']}  [config uses stage {stage}]")
     print(f"  {'stage':<7}{'formula':<14}{'params':>14}{'grads':>14}{'optimizer':>14}"

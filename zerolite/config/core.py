@@ -110,6 +110,7 @@ class ZeroConfig:
         self.wall_clock_breakdown = check_bool("wall_clock_breakdown", self.wall_clock_breakdown)
         self.dataloader_drop_last = check_bool("dataloader_drop_last", self.dataloader_drop_last)
         self._check_sparse_gradients()
+        self._check_bf16_masters()
 
     def _check_sparse_gradients(self) -> None:
         """zerolite.sparse_gradients needs sharded gradients and excludes qgZ."""
@@ -125,6 +126,36 @@ class ZeroConfig:
             fail_msg("zerolite.sparse_gradients",
                      "cannot be combined with zero_optimization.zero_quantized_gradients "
                      "(both compress the same gradient reduce); turn one of them off")
+
+    def _check_bf16_masters(self) -> None:
+        """DeepSpeed's rules for bf16 master weights and optimizer states (config.py and
+        ZeROOptimizer._configure_master_weights in 0.19), as errors that name the keys."""
+        b = self.bf16
+        if b.bf16_optimizer_states and not b.bf16_master_weights_and_grads:
+            fail_msg("bf16.bf16_optimizer_states", "needs bf16.bf16_master_weights_and_grads "
+                     "true too (the optimizer states follow the masters' dtype)")
+        if not b.bf16_master_weights_and_grads:
+            return
+        stage = self.zero_optimization.stage
+        if not b.enabled:
+            fail_msg("bf16.bf16_master_weights_and_grads", "needs bf16.enabled true: bf16 "
+                     "masters update bf16 compute weights")
+        if stage not in (1, 2, 3):
+            fail_msg("bf16.bf16_master_weights_and_grads", "is only supported with "
+                     f"zero_optimization.stage 1, 2 or 3 (the config has stage {stage})")
+        if not b.bf16_optimizer_states and self.zero_optimization.offload_optimizer is None:
+            fail_msg("bf16.bf16_master_weights_and_grads",
+                     "without bf16.bf16_optimizer_states needs "
+                     "zero_optimization.offload_optimizer (DeepSpeed's rule: the fp32 optimizer "
+                     "states then live in host memory, stepped by DeepSpeedCPUAdam); set "
+                     "bf16.bf16_optimizer_states true to keep everything on the device")
+
+    @property
+    def master_dtype(self):
+        """torch dtype of the master weights and reduced gradient shards the optimizer sees."""
+        import torch
+
+        return torch.bfloat16 if self.bf16.bf16_master_weights_and_grads else torch.float32
 
     @property
     def precision_dtype(self):

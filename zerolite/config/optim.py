@@ -48,10 +48,14 @@ class Int:
 
 @dataclass(frozen=True)
 class Bool:
-    def check(self, path: str, v: Any) -> bool:
-        return check_bool(path, v)
+    optional: bool = False
 
-    describe = "bool"
+    def check(self, path: str, v: Any) -> bool | None:
+        return check_bool(path, v, none_ok=self.optional)
+
+    @property
+    def describe(self) -> str:
+        return "bool" + (" or null" if self.optional else "")
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,10 @@ RATIO_GROUPS = PerGroup(RATIO)
 _BETAS = (0.9, 0.999)
 _ADAM = {"lr": (1e-3, LR), "betas": (_BETAS, BETAS), "eps": (1e-8, NONNEG),
          "weight_decay": (0.0, NONNEG), "bias_correction": (True, BOOL),
-         "amsgrad": (False, BOOL), "adam_w_mode": (True, BOOL), "torch_adam": (False, BOOL)}
+         "amsgrad": (False, BOOL), "adam_w_mode": (True, BOOL), "torch_adam": (False, BOOL),
+         # DeepSpeedCPUAdam's (offload_optimizer): null = fp32 moments unless
+         # bf16.bf16_optimizer_states
+         "fp32_optimizer_states": (None, Bool(optional=True))}
 
 OPTIMIZER_PARAMS: dict[str, dict[str, tuple[Any, Rule]]] = {
     "Adam": _ADAM,

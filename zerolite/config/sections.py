@@ -15,6 +15,10 @@ from .offload import OffloadOptimizerConfig, OffloadParamConfig
 from .zero_blocks import DEFAULT_LEAF_MODULE_CLASSES, parse_leaf_module, parse_offload  # noqa: F401
 
 
+MASTER_ROUNDINGS = ("kahan", "stochastic", "nearest")
+"""zerolite.master_rounding's values (the bf16 master update's rounding)."""
+
+
 def deepspeed_only(default: Any):
     """A field zerolite parses and validates so DeepSpeed configs load, but does not act on.
 
@@ -77,22 +81,35 @@ class Fp16Config(Section):
 
 @dataclass
 class Bf16Config(Section):
-    """``bf16`` (legacy name ``bfloat16``): bfloat16 compute with fp32 master weights."""
+    """``bf16`` (legacy name ``bfloat16``): bfloat16 compute with fp32 master weights, or
+    (DeepSpeed >= 0.18's keys) bf16 master weights, gradient shards and optimizer states."""
 
     _PATH: ClassVar[str] = "bf16"
-    _EXTRA_KNOWN: ClassVar[frozenset] = frozenset(
-        {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-         "bf16_optimizer_states"})
+    _EXTRA_KNOWN: ClassVar[frozenset] = frozenset({"immediate_grad_update",
+                                                   "check_grad_overflow"})
 
     enabled: bool = False
     """Train with bfloat16 compute weights."""
+    bf16_master_weights_and_grads: bool = False
+    """Keep the master weights and the reduced gradient shards in bf16 (2 bytes each instead
+    of 4); zero_optimization.stage 1-3. As in DeepSpeed, without bf16_optimizer_states it
+    needs offload_optimizer (the fp32 optimizer state then lives in host memory). The
+    update rounds as zerolite.master_rounding says."""
+    bf16_optimizer_states: bool = False
+    """Keep the optimizer states (Adam's exp_avg / exp_avg_sq) in bf16 too; needs
+    bf16_master_weights_and_grads."""
 
     @classmethod
     def _auto_rules(cls, ctx):
         return {"enabled": (False, "bf16 is only enabled when asked for explicitly")}
 
     def __post_init__(self):
-        self.enabled = check_bool(f"{self._PATH}.enabled", self.enabled)
+        p = self._PATH
+        self.enabled = check_bool(f"{p}.enabled", self.enabled)
+        self.bf16_master_weights_and_grads = check_bool(f"{p}.bf16_master_weights_and_grads",
+                                                        self.bf16_master_weights_and_grads)
+        self.bf16_optimizer_states = check_bool(f"{p}.bf16_optimizer_states",
+                                                self.bf16_optimizer_states)
 
 
 @dataclass
@@ -320,6 +337,12 @@ class ZeroliteExtrasConfig(Section):
     sparse_gradients: SparseGradientsConfig | None = None
     """Top-k sparsified gradients with error feedback ({ratio, error_feedback, warmup_steps};
     stages 2-3, not with zero_quantized_gradients); null = exact (dense) reduction."""
+    master_rounding: str = "kahan"
+    """How an optimizer step stores bf16 master weights (bf16.bf16_master_weights_and_grads,
+    config-built Adam/AdamW): "kahan" (a bf16 compensation buffer carries the bits each
+    rounding drops into the next step; 2 more bytes per parameter), "stochastic" (rounds up
+    or down with probability by distance; no extra memory), or "nearest" (what DeepSpeed
+    does: small updates below half a bf16 ulp of the weight are lost)."""
     reduce_once_per_step: bool = False
     """With gradient accumulation at stages 2-3: keep full fp32 gradients across micro-steps
     and reduce-scatter once per optimizer step instead of every micro-step (FSDP2's
@@ -362,6 +385,8 @@ class ZeroliteExtrasConfig(Section):
                                                    self.quantized_error_feedback)
         self.reduce_once_per_step = check_bool(f"{p}.reduce_once_per_step",
                                                self.reduce_once_per_step)
+        self.master_rounding = check_str(f"{p}.master_rounding", self.master_rounding,
+                                         choices=MASTER_ROUNDINGS)
         self.watchdog = check_bool(f"{p}.watchdog", self.watchdog)
         for name in ("watchdog_heartbeat_timeout_s", "watchdog_stall_timeout_s",
                      "watchdog_interval_s"):

@@ -34,6 +34,7 @@ import torch.nn as nn
 
 from zerolite.errors import ZeroliteStateError
 from zerolite.optim.builder import accepted_kwargs
+from zerolite.optim.master_update import state_entry_dtype
 from zerolite.offload.swap_files import SwapFiles
 
 
@@ -67,7 +68,8 @@ class _Chunk:
 
 
 class ChunkedOffloadOptimizer(torch.optim.Optimizer):
-    """Wraps a freshly built optimizer over fp32 master shards (its state must be empty)."""
+    """Wraps a freshly built optimizer over master shards (fp32 or bf16; its state must be
+    empty)."""
 
     def __init__(self, base: torch.optim.Optimizer, *, nvme_path: str, rank: int,
                  sub_group_size: int, ratio: float = 1.0, pin_memory: bool = False,
@@ -76,6 +78,12 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             raise ZeroliteStateError("offload_optimizer: the optimizer already has state; "
                                      "offload must wrap it before the first step")
         super().__init__(base.param_groups, base.defaults)
+        dtypes = {m.dtype for g in self.param_groups for m in g["params"]}
+        if len(dtypes) > 1:
+            raise ZeroliteStateError(f"offload_optimizer: masters of several dtypes {dtypes}")
+        self._master_dtype = dtypes.pop() if dtypes else torch.float32
+        """fp32, or bf16 with bf16.bf16_master_weights_and_grads (one dtype for all)."""
+        self._master_esize = torch.empty(0, dtype=self._master_dtype).element_size()
         self._files = SwapFiles(nvme_path, rank)
         self._pin = pin_memory
         self._chunks: list[_Chunk] = []
@@ -121,11 +129,12 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         swapped = [m for m, chunks in self._by_master.items() if chunks and chunks[0].swapped]
         if swapped:
             for p in self._pool:
-                p[_MASTER] = _host_buffer(self._max_chunk, torch.float32, self._pin)
+                p[_MASTER] = _host_buffer(self._max_chunk, self._master_dtype, self._pin)
+        esize = self._master_esize
         for master in swapped:
             for c in self._by_master[master]:
                 if c.on_disk:
-                    self._files.write(f"{c.key}.{_MASTER}", 0, c.lo * 4, c.view.cpu())
+                    self._files.write(f"{c.key}.{_MASTER}", 0, c.lo * esize, c.view.cpu())
                 else:
                     c.rmaster = c.view.clone()
                 c.view = None
@@ -188,6 +197,13 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
         self._torn -= {c.master for c in work}
         return loss
 
+    def state_entry_dtype(self, master, name: str) -> torch.dtype:
+        """dtype of the chunk-shaped state entry `name` of `master` (learned at the first
+        step, else what the inner optimizer class will make)."""
+        if self._names is not None and name in self._names:
+            return self._names[name]
+        return state_entry_dtype(self._inner, master, name)
+
     def _learn_names(self, tensors: dict) -> None:
         if self._names is None:
             self._names = {k: v.dtype for k, v in tensors.items()}
@@ -203,7 +219,7 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             param = c.rmaster
             if c.on_disk:
                 buf = self._pool[pool_index][_MASTER][:c.hi - c.lo]
-                self._files.read(f"{c.key}.{_MASTER}", c.mslot, c.lo * 4, buf)
+                self._files.read(f"{c.key}.{_MASTER}", c.mslot, c.lo * self._master_esize, buf)
                 param = _to_compute_device({_MASTER: buf}, device)[_MASTER]
         if not c.has_state:
             return None, param
@@ -221,19 +237,20 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
             t = t.cpu() if t.device.type != "cpu" else t
             self._files.write(f"{c.key}.{name}", slot, c.lo * t.element_size(), t)
         if master is not None:
-            self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * 4, master.cpu())
+            self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * self._master_esize,
+                              master.cpu())
 
     # -- swapped-out masters (offload/plan.py FileMaster) --------------------------------------
     def read_master(self, master, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The committed fp32 values of a swapped-out master shard (into `out`, a host
-        buffer of its size, else a fresh tensor)."""
+        """The committed values (in the masters' dtype) of a swapped-out master shard (into
+        `out`, a host buffer of its size and dtype, else a fresh tensor)."""
         self.refuse_if_torn(master)
         if out is None:
-            out = torch.empty(master.shape, dtype=torch.float32)
+            out = torch.empty(master.shape, dtype=self._master_dtype)
         for c in self._by_master[master]:
             part = out[c.lo:c.hi]
             if c.on_disk:
-                self._files.read(f"{c.key}.{_MASTER}", c.mslot, c.lo * 4, part)
+                self._files.read(f"{c.key}.{_MASTER}", c.mslot, c.lo * self._master_esize, part)
             else:
                 part.copy_(c.rmaster)
         return out.to(master.device)
@@ -241,19 +258,21 @@ class ChunkedOffloadOptimizer(torch.optim.Optimizer):
     def write_master(self, master, value: torch.Tensor) -> None:
         """Replace a swapped-out master's values (checkpoint load, GatheredParameters) and
         the compute-dtype shard cast from them."""
-        value = value.detach().reshape(-1).to(torch.float32)
+        value = value.detach().reshape(-1).to(self._master_dtype)
         chunks = self._by_master[master]
         for c in chunks:
             part = value[c.lo:c.hi]
             if c.on_disk:
-                self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * 4, part.cpu())
+                self._files.write(f"{c.key}.{_MASTER}", 1 - c.mslot, c.lo * self._master_esize,
+                                  part.cpu())
                 c.mslot = 1 - c.mslot
             else:
                 c.rmaster.copy_(part)
         chunks[0].sink(0, value)
 
     def master_resident_nbytes(self) -> int:
-        return sum(c.rmaster.numel() * 4 for c in self._chunks if c.rmaster is not None)
+        return sum(c.rmaster.numel() * c.rmaster.element_size() for c in self._chunks
+                   if c.rmaster is not None)
 
     # -- whole-shard state, for checkpoints (OffloadedState) --------------------------------
     def _state_head(self, master):
@@ -418,7 +437,8 @@ _MASTER = "master"
 
 def _placeholder(master: torch.Tensor) -> torch.Tensor:
     """What a swapped-out master's `.data` is: right shape, one NaN element of storage."""
-    return torch.full((1,), float("nan"), device=master.device).expand(master.shape)
+    return torch.full((1,), float("nan"), dtype=master.dtype,
+                      device=master.device).expand(master.shape)
 
 
 def _host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:

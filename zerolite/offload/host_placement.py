@@ -54,16 +54,19 @@ class HostMaster(MasterPlacement):
         return self.transfers.backend.host_empty(numel, dtype, self.pin)
 
     def place(self, flat, master: nn.Parameter) -> nn.Parameter:
-        host = self._empty(flat.shard_numel, torch.float32)
-        host.copy_(master.detach())  # the device master (or fp32 shard) stays as the shard
-        self.grad = self._empty(flat.shard_numel, torch.float32)
-        if flat.compute_dtype != torch.float32 and not self.shard_on_host:
+        # The master's dtype (fp32, or bf16 masters) is kept on the host, its grad too.
+        host = self._empty(flat.shard_numel, master.dtype)
+        host.copy_(master.detach())  # the device master (or the shard it is) stays as the shard
+        self.grad = self._empty(flat.shard_numel, master.dtype)
+        if flat.compute_dtype != master.dtype and not self.shard_on_host:
             self.cast = self._empty(flat.shard_numel, flat.compute_dtype)
         return nn.Parameter(host)
 
     # -- backward: the reduced gradient shard to the host ---------------------------------
     def take_grad_shard(self, flat, shard: torch.Tensor, name: str) -> None:
         master = flat.master
+        if shard.dtype != master.dtype:
+            shard = shard.to(master.dtype)  # bf16 masters: cast on the device, half the bytes
         if master.grad is None:  # first micro-step of the window: straight into the buffer
             master.grad = self.grad
             self.transfers.to_host(self.grad, shard, name)
@@ -71,11 +74,11 @@ class HostMaster(MasterPlacement):
         if self._staged:  # a second reduction of this flat before a settle: finish the first
             self.transfers.settle()
         if self.staging is None:
-            self.staging = self._empty(flat.shard_numel, torch.float32)
+            self.staging = self._empty(flat.shard_numel, master.dtype)
         self._staged = True
 
         def accumulate():
-            master.grad.add_(self.staging)  # the same fp32 add the device path does
+            master.grad.add_(self.staging)  # the same add (in the master's dtype) as on device
             self._staged = False
 
         self.transfers.to_host(self.staging, shard, name, then=accumulate)
@@ -102,8 +105,8 @@ class HostMaster(MasterPlacement):
 
 
 class HostShard(ShardPlacement):
-    """offload_param 'cpu': one flat's compute-dtype shard in host memory (with fp32, the
-    host master itself), copied to the device right before its all-gather."""
+    """offload_param 'cpu': one flat's compute-dtype shard in host memory (with a master of the
+    compute dtype, the host master itself), copied to the device right before its all-gather."""
 
     home = ShardHome.HOST
 
@@ -111,8 +114,8 @@ class HostShard(ShardPlacement):
         self.transfers, self.pin = transfers, pin
 
     def place(self, flat, shard: torch.Tensor) -> torch.Tensor:
-        if flat.master is not None and flat.compute_dtype == torch.float32:
-            return flat.master.data  # fp32: the host master is the param shard
+        if flat.master is not None and flat.compute_dtype == flat.master.dtype:
+            return flat.master.data  # fp32 / bf16 masters: the host master is the param shard
         host = self.transfers.backend.host_empty(flat.shard_numel, flat.compute_dtype, self.pin)
         host.copy_(shard)
         return host

@@ -23,36 +23,38 @@
 """
 from __future__ import annotations
 
-_MOMENTS = 2  # Adam/AdamW: exp_avg, exp_avg_sq (fp32)
+from zerolite.state_bytes import StateBytes
 
 
-def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
+def offload_bytes(per_stage: dict, stage: int, sb: StateBytes, world_size: int,
                   num_params: int, block: dict | None, sub_group_size: int,
                   gas: int = 1, param_block: dict | None = None,
                   largest_unit: int | None = None) -> dict:
     """{choice: {"device", "host", "disk"}} bytes per rank for ZeRO `stage`.
 
     `per_stage[stage]` is check_config.estimate_model_state_bytes' row (params, grads,
-    optimizer); `block` / `param_block` are the config's offload_optimizer / offload_param
+    optimizer) for the bytes per element `sb` (zerolite/state_bytes.py); `block` / `param_block` are the config's offload_optimizer / offload_param
     blocks (ratio, buffer_count), or None; `largest_unit` (params) bounds the read-ahead.
     """
     row = per_stage[stage]
     optimizer = row["optimizer"]
-    sixteen = precision != "fp32"
-    moments = optimizer * (8 / 12 if sixteen else 1.0)
-    masters = optimizer - moments  # 0 with fp32: the master IS the param shard
+    separate = not sb.master_is_shard  # 16-bit compute with fp32 masters
+    moments = optimizer * (sb.moments + sb.compensation) / sb.optimizer
+    masters = optimizer - moments  # 0 where the master IS the param shard
     ratio = block.ratio if block else 1.0
     shard = num_params / (world_size if stage >= 1 else 1)
-    per_elem = (_MOMENTS + (1 if sixteen else 0)) * 4
+    per_elem = sb.optimizer
     buffers = 2 * per_elem * min(sub_group_size, shard)
     on_disk = (moments + masters) * ratio
     rest = row["params"] + row["grads"]
     # cpu: the moved fraction of the optimizer row, and of the grads row where it is the
     # shard (stages 2-3; stages 0-1 keep their full gradient buffers on the device).
-    host_grad = 4 * shard * ratio
+    host_grad = sb.grad * shard * ratio  # the host gradient buffer has the master's dtype
     moved = optimizer * ratio + (host_grad if stage >= 2 else 0.0)
-    extra = 4 if precision == "fp32" else 2  # fp32: master copy; else the 16-bit cast buffer
-    host = optimizer * ratio + host_grad + shard * ratio * (extra + (4 if gas > 1 else 0))
+    # A master that is the shard: its host copy; else the 16-bit cast buffer. Accumulation
+    # adds a staging buffer of the gradient's dtype.
+    extra = sb.compute if sb.master_is_shard else 2
+    host = optimizer * ratio + host_grad + shard * ratio * (extra + (sb.grad if gas > 1 else 0))
     out = {
         "none": {"device": row["total"], "host": 0.0, "disk": 0.0},
         "cpu": {"device": row["total"] - moved, "host": host, "disk": 0.0},
@@ -61,14 +63,14 @@ def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
     if stage != 3:
         return out
     # offload_param cpu (ratio 1): the param shard leaves the device, and the host holds no
-    # more than before: 16-bit, the host shard takes the cast buffer's place; fp32, the host
-    # master copy becomes the shard.
+    # more than before: 16-bit, the host shard takes the cast buffer's place; a master that is
+    # the shard, the host master copy becomes the shard.
     out["cpu+params"] = {"device": out["cpu"]["device"] - row["params"], "host": host,
                          "disk": 0.0}
     count = param_block.buffer_count if param_block else 5
     read_ahead = row["params"] if largest_unit is None else \
         min(row["params"], count * row["params"] * largest_unit / num_params)
-    if sixteen:
+    if separate:
         out["nvme+params"] = {"device": row["grads"] + optimizer - on_disk,
                               "host": buffers + read_ahead,
                               "disk": 2 * on_disk + row["params"], "host_read_ahead": read_ahead}
@@ -77,7 +79,7 @@ def offload_bytes(per_stage: dict, stage: int, precision: str, world_size: int,
     else:  # the param shard is the master: it moves with the optimizer state
         both = (row["params"] + moments) * ratio
         out["nvme+params"] = {"device": row["grads"] + row["params"] + moments - both,
-                              "host": 2 * (_MOMENTS + 1) * 4 * min(sub_group_size, shard)
+                              "host": 2 * (sb.optimizer + sb.compute) * min(sub_group_size, shard)
                               + read_ahead, "disk": 2 * both, "host_read_ahead": read_ahead}
     return out
 

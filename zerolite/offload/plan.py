@@ -154,27 +154,28 @@ class OffloadPlan(PlacementPlan):
         return out
 
     def _placement(self, spec: FlatSpec, master_on_host: bool) -> FlatPlacement:
-        fp32 = spec.compute_dtype == torch.float32
+        is_shard = spec.master_is_shard  # fp32 training, or bf16 masters of bf16 compute
         if not spec.optimized:
             master = NO_MASTER
         elif master_on_host:
             master = HostMaster(self.transfers, self.pin, shard_on_host=self.host_shards)
-        elif self.swapped is not None and (not fp32 or self.nvme_param):
+        elif self.swapped is not None and (not is_shard or self.nvme_param):
             # 16-bit: the fp32 master is separate from the param shard, so it can leave RAM;
-            # fp32 with offload_param nvme: the master IS the shard, and both leave RAM.
+            # a master that IS the shard (fp32, bf16 masters) leaves RAM with offload_param nvme.
             master = FileMaster(self.swapped)
-        elif fp32 and self.nvme_param:
+        elif is_shard and self.nvme_param:
             raise ZeroliteConfigError(
-                "zero_optimization.offload_param.device: 'nvme' with fp32 training needs "
-                "zero_optimization.offload_optimizer.device 'nvme' too: the fp32 param shard IS "
+                "zero_optimization.offload_param.device: 'nvme' with masters in the compute "
+                "dtype (fp32 training, or bf16.bf16_master_weights_and_grads) needs "
+                "zero_optimization.offload_optimizer.device 'nvme' too: the param shard IS "
                 "the optimizer's master, which an in-memory optimizer keeps in RAM; add an "
-                "offload_optimizer block with device 'nvme' (or train in bf16/fp16)")
+                "offload_optimizer block with device 'nvme'")
         else:
             master = device_master(spec)
         if self.host_shards:
             shard = HostShard(self.transfers, self.pin)
         elif self.param_files is not None:
-            from_master = self.swapped if master.home is MasterHome.FILE and fp32 else None
+            from_master = self.swapped if master.home is MasterHome.FILE and is_shard else None
             shard = self.param_files.placement(f"unit{spec.unit_index}.flat{spec.position}",
                                                from_master)
         else:

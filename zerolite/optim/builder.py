@@ -7,11 +7,14 @@ update they would give per parameter.
 from __future__ import annotations
 
 import inspect
+import logging
 
 import torch
 
 from zerolite.errors import ZeroliteConfigError
 from zerolite.optim.param_groups import adopt_client_optimizer
+
+logger = logging.getLogger("zerolite")
 
 
 def _optimizer_class(type_name: str, params: dict, cpu_optimizer: bool):
@@ -53,7 +56,8 @@ def accepted_kwargs(cls, params: dict) -> dict:
 
 
 def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimizer,
-                    master_groups: list[dict], cpu_optimizer: bool = False
+                    master_groups: list[dict], cpu_optimizer: bool = False,
+                    master_rounding: str | None = None, bf16_optimizer_states: bool = False
                     ) -> torch.optim.Optimizer | None:
     """Optimizer over `master_groups` ([{"params": [fp32 shards], **group hparams}, ...], one
     per param group the user passed, in order).
@@ -62,6 +66,9 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     trained itself, its groups re-pointed at the shards: see param_groups.py), a callable
     taking the param groups, or None (then `opt_type`/`opt_params` from the config are used;
     `cpu_optimizer` is DeepSpeed's `zero_use_cpu_optimizer`: offload_optimizer on cpu or nvme).
+    `master_rounding` (bf16 masters only, else None) is given to the Adam classes that take
+    it; with `bf16_optimizer_states` DeepSpeedCPUAdam keeps its moments in bf16 (DeepSpeed
+    overrides `fp32_optimizer_states` the same way).
     """
     if isinstance(client_optimizer, torch.optim.Optimizer):
         return adopt_client_optimizer(client_optimizer, [g["params"] for g in master_groups])
@@ -82,9 +89,19 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     # zerolite.config, which also validated every value.
     params = dict(opt_params or {})
     cls = _optimizer_class(opt_type, params, cpu_optimizer)
+    if params.get("fp32_optimizer_states", False) is None:
+        del params["fp32_optimizer_states"]  # null: the class's default (DeepSpeed: true)
     kwargs = accepted_kwargs(cls, params)
     if _host_fused_adam(cls, params, master_groups):
         kwargs["fused"] = True
+    accepted = inspect.signature(cls.__init__).parameters
+    if master_rounding is not None and "master_rounding" in accepted:
+        kwargs["master_rounding"] = master_rounding
+    if bf16_optimizer_states and "fp32_optimizer_states" in accepted:
+        if kwargs.get("fp32_optimizer_states"):
+            logger.warning("zerolite: bf16.bf16_optimizer_states is true; overriding the "
+                           "optimizer's fp32_optimizer_states to False (as DeepSpeed does)")
+        kwargs["fp32_optimizer_states"] = False
     return cls(master_groups, **kwargs)
 
 
@@ -106,3 +123,34 @@ def _host_fused_adam(cls, params: dict, master_groups: list[dict]) -> bool:
         return False
     masters = [p for g in master_groups for p in g["params"]]
     return bool(masters) and all(p.device.type == "cpu" for p in masters)
+
+
+def check_master_optimizer(optimizer, *, offloaded: bool, bf16_states: bool,
+                           master_rounding: str) -> None:
+    """bf16.bf16_master_weights_and_grads: DeepSpeed's rule for the optimizer (its
+    `_configure_master_weights`: with offload_optimizer, or without bf16_optimizer_states, the
+    optimizer must be DeepSpeedCPUAdam, and with both offload and bf16 states its moments must
+    be bf16), and a warning where zerolite.master_rounding cannot apply."""
+    from zerolite.optim.deepspeed_optimizers import DeepSpeedCPUAdam
+    from zerolite.optim.master_update import LowPrecisionAdamStep
+
+    name = type(optimizer).__name__
+    if offloaded or not bf16_states:
+        if not isinstance(optimizer, DeepSpeedCPUAdam):
+            raise ZeroliteConfigError(
+                "bf16.bf16_master_weights_and_grads with zero_optimization.offload_optimizer "
+                "(required without bf16.bf16_optimizer_states) needs the optimizer to be "
+                f"DeepSpeedCPUAdam, as in DeepSpeed; got {name}: use a config optimizer block "
+                "with type Adam/AdamW (without torch_adam) or pass DeepSpeedCPUAdam")
+        if bf16_states and optimizer.defaults.get("fp32_optimizer_states", True):
+            raise ZeroliteConfigError(
+                "bf16.bf16_optimizer_states with offload_optimizer needs DeepSpeedCPUAdam "
+                "built with fp32_optimizer_states=False (its moments in bf16), as in DeepSpeed")
+    groups = optimizer.param_groups
+    if not isinstance(optimizer, LowPrecisionAdamStep) or any(
+            g.get("master_rounding", "nearest") != master_rounding for g in groups):
+        logger.warning("zerolite: bf16 master weights are stepped by %s, which %s; "
+                       "zerolite.master_rounding=%r applies to the Adam/AdamW an optimizer "
+                       "config block builds", name,
+                       "rounds them to nearest" if isinstance(optimizer, LowPrecisionAdamStep)
+                       else "updates them with its own bf16 arithmetic", master_rounding)

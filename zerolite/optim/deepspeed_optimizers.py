@@ -7,7 +7,10 @@ fp32 shards (zerolite/optim/param_groups.py), and the NVMe offload builds an inn
 same class from its `defaults` (offload/chunked_optimizer.py), so each class is a torch
 optimizer subclass whose constructor takes DeepSpeed's arguments and records the
 DeepSpeed-only ones in `defaults`. The update is the element-wise one DeepSpeed's kernels
-compute; `fp32_optimizer_states` is always true (masters are fp32).
+compute. With bf16 master weights (bf16.bf16_master_weights_and_grads) the Adam classes step
+through zerolite/optim/master_update.py instead: fp32 maths stored in bf16 with the rounding
+given as `master_rounding`, and DeepSpeedCPUAdam's `fp32_optimizer_states` chooses the
+dtype of its moments, as in DeepSpeed.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import torch
 from zerolite.errors import DeepSpeedFeatureNotSupported
 from zerolite.errors import not_supported_message as message
 from zerolite.optim.flat_optimizers import Lion
+from zerolite.optim.master_update import LowPrecisionAdamStep, check_rounding
 
 
 def _check_bias_correction(cls: str, bias_correction: bool) -> None:
@@ -25,28 +29,34 @@ def _check_bias_correction(cls: str, bias_correction: bool) -> None:
             "Adam without bias correction; torch's Adam always corrects"))
 
 
-class FusedAdam(torch.optim.Adam):
+class FusedAdam(LowPrecisionAdamStep, torch.optim.Adam):
     """`FusedAdam(params, lr, bias_correction, betas, eps, adam_w_mode, weight_decay, amsgrad,
     set_grad_none)`: AdamW when `adam_w_mode` (DeepSpeed's default), else Adam with L2.
-    `fused` is torch's switch (not DeepSpeed's): the engine turns it on for host masters."""
+    `fused` is torch's switch (not DeepSpeed's): the engine turns it on for host masters.
+    `master_rounding` (zerolite's): how bf16 masters are stored (master_update.py)."""
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True, *,
-                 fused: bool | None = None):
+                 fused: bool | None = None, master_rounding: str = "nearest"):
         _check_bias_correction(type(self).__name__, bias_correction)
         super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, decoupled_weight_decay=bool(adam_w_mode), fused=fused)
         self.defaults.update(adam_w_mode=bool(adam_w_mode), bias_correction=True,
-                             set_grad_none=set_grad_none)
+                             set_grad_none=set_grad_none,
+                             master_rounding=check_rounding(master_rounding))
+        for group in self.param_groups:
+            group.setdefault("master_rounding", master_rounding)
 
 
-class DeepSpeedCPUAdam(torch.optim.Adam):
+class DeepSpeedCPUAdam(LowPrecisionAdamStep, torch.optim.Adam):
     """`DeepSpeedCPUAdam(model_params, lr, bias_correction, betas, eps, weight_decay, amsgrad,
-    adamw_mode, fp32_optimizer_states)`: AdamW when `adamw_mode` (default), else Adam."""
+    adamw_mode, fp32_optimizer_states)`: AdamW when `adamw_mode` (default), else Adam.
+    `fp32_optimizer_states=False` keeps the moments of bf16 masters in bf16;
+    `master_rounding` (zerolite's): how bf16 masters are stored (master_update.py)."""
 
     def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999),
                  eps=1e-8, weight_decay=0, amsgrad=False, adamw_mode=True,
-                 fp32_optimizer_states=True):
+                 fp32_optimizer_states=True, *, master_rounding: str = "nearest"):
         _check_bias_correction(type(self).__name__, bias_correction)
         super().__init__(model_params, lr=lr, betas=tuple(betas), eps=eps,
                          weight_decay=weight_decay, amsgrad=amsgrad,
@@ -54,7 +64,13 @@ class DeepSpeedCPUAdam(torch.optim.Adam):
         # Note: fused=True is torch's fused CPU kernel (see [Note: fused CPU Adam] in
         # zerolite/optim/builder.py); DeepSpeed's class is a fused CPU kernel too.
         self.defaults.update(adamw_mode=bool(adamw_mode), bias_correction=True,
-                             fp32_optimizer_states=fp32_optimizer_states)
+                             fp32_optimizer_states=fp32_optimizer_states,
+                             master_rounding=check_rounding(master_rounding))
+        for group in self.param_groups:
+            group.setdefault("master_rounding", master_rounding)
+
+    def state_dtype(self, param: torch.Tensor) -> torch.dtype:
+        return torch.float32 if self.defaults["fp32_optimizer_states"] else param.dtype
 
     def add_param_group(self, param_group: dict) -> None:
         # DeepSpeed's class refuses AMSGrad for the constructor's and any later group.

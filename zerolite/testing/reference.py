@@ -57,9 +57,10 @@ def train_reference(model, batches, make_optimizer, clip: float = 0.0, make_sche
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def train_engine(engine, batches, rank: int, world_size: int):
+def train_engine(engine, batches, rank: int, world_size: int, torch_backward: bool = False):
     """Run the engine over the same global batches (moved to `engine.device`, as a user's
-    script does); returns the per-step mean losses."""
+    script does); returns the per-step mean losses. `torch_backward`: `loss.backward()`
+    instead of `engine.backward(loss)` (DeepSpeed >= 0.18 programs)."""
     gas = engine.gradient_accumulation_steps()
     device = getattr(engine, "device", torch.device("cpu"))
     losses = []
@@ -67,7 +68,10 @@ def train_engine(engine, batches, rank: int, world_size: int):
         total = torch.zeros((), dtype=torch.float64, device=device)
         for x, y in rank_micro_batches(batch, rank, world_size, gas):
             loss = engine(x.to(device), y.to(device))
-            engine.backward(loss)
+            if torch_backward:
+                loss.backward()
+            else:
+                engine.backward(loss)
             engine.step()
             total += loss.item()
         if world_size > 1:

@@ -57,7 +57,8 @@ class FlatParam:
 
     def __init__(self, params: list[tuple[tuple[str, ...], nn.Parameter]], *, rank: int,
                  partitions: int, compute_dtype: torch.dtype, group_index: int | None,
-                 pool: BufferPool | None = None, placement: FlatPlacement | None = None):
+                 pool: BufferPool | None = None, placement: FlatPlacement | None = None,
+                 master_dtype: torch.dtype = torch.float32):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -80,7 +81,7 @@ class FlatParam:
         optimized = group_index is not None and self.requires_grad
         if placement is None:
             placement = ON_DEVICE.placement_for(FlatSpec(0, 0, self.shard_numel, optimized,
-                                                         compute_dtype, device))
+                                                         compute_dtype, device, master_dtype))
         if (placement.master_home is MasterHome.NONE) == optimized:
             raise ZeroliteStateError(f"{self!r}: placement {placement} does not match "
                                      f"optimized={optimized}; this is a zerolite bug")
@@ -96,12 +97,14 @@ class FlatParam:
         broadcast(flat32, src=0)
         shard32 = self.local_shard_of(flat32).clone()
         del flat32
-        master = nn.Parameter(shard32) if optimized else None
-        # fp32 training: the master IS the param shard (until a placement moves the master)
-        shard = master.data if compute_dtype == torch.float32 and master is not None \
+        master = nn.Parameter(shard32.to(master_dtype)) if optimized else None
+        # Master in the compute dtype (fp32 training, bf16 masters with bf16): the master IS
+        # the param shard (until a placement moves the master).
+        shard = master.data if master is not None and master_dtype == compute_dtype \
             else shard32.to(compute_dtype)
         self.master: nn.Parameter | None = None
-        """fp32 master shard the optimizer updates (only for optimized params)."""
+        """Master shard the optimizer updates (only for optimized params): fp32, or bf16 with
+        bf16.bf16_master_weights_and_grads."""
         self.shard = shard
         if master is not None:
             self.master = placement.master.place(self, master)

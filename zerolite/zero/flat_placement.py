@@ -62,6 +62,13 @@ class FlatSpec:
     """Has an fp32 master (requires grad and in an optimizer param group)."""
     compute_dtype: torch.dtype
     device: torch.device
+    master_dtype: torch.dtype = torch.float32
+    """fp32, or bf16 with bf16.bf16_master_weights_and_grads."""
+
+    @property
+    def master_is_shard(self) -> bool:
+        """The master has the compute dtype, so on the device it can BE the shard."""
+        return self.master_dtype == self.compute_dtype
 
 
 class ShardPlacement:
@@ -110,8 +117,11 @@ class MasterPlacement:
         flat.master.data.copy_(value.reshape(-1))
 
     def take_grad_shard(self, flat, shard: torch.Tensor, name: str) -> None:
-        """A reduced fp32 gradient shard for this master (added to a pending one)."""
+        """A reduced fp32 gradient shard for this master (added to a pending one), kept in
+        the master's dtype (bf16 with bf16.bf16_master_weights_and_grads, as DeepSpeed)."""
         master = flat.master
+        if shard.dtype != master.dtype:
+            shard = shard.to(master.dtype)
         if master.grad is None:
             master.grad = shard
         else:
@@ -132,7 +142,8 @@ class MasterPlacement:
 
 
 class MasterIsShard(MasterPlacement):
-    """fp32 training on the device: the master's storage IS the compute-dtype shard."""
+    """The master has the compute dtype (fp32 training, or bf16 masters with bf16 compute) and
+    is on the device: its storage IS the compute-dtype shard."""
 
     home = MasterHome.SHARD
 
@@ -169,7 +180,7 @@ def device_master(spec: FlatSpec) -> MasterPlacement:
     """The master's placement when it stays on the device."""
     if not spec.optimized:
         return NO_MASTER
-    return MASTER_IS_SHARD if spec.compute_dtype == torch.float32 else DEVICE_MASTER
+    return MASTER_IS_SHARD if spec.master_is_shard else DEVICE_MASTER
 
 
 class PlacementPlan:

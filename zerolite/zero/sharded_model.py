@@ -139,7 +139,8 @@ class ShardedModel:
                  group_of: dict[nn.Parameter, int], rank: int, world_size: int,
                  options: ShardingOptions | None = None, unit_policy: UnitPolicy | None = None,
                  reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None,
-                 device_layer=None, plan: PlacementPlan = ON_DEVICE):
+                 device_layer=None, plan: PlacementPlan = ON_DEVICE,
+                 master_dtype: torch.dtype = torch.float32):
         options = options or ShardingOptions()
         self.module = module
         self.options = options
@@ -153,6 +154,8 @@ class ShardedModel:
         self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = compute_dtype
+        self.master_dtype = master_dtype
+        """dtype of the masters and their gradient shards (fp32, or bf16 masters)."""
         self.reducer = reducer or GradReducer(world_size)
         self.gatherer = gatherer or ParamGatherer()
         apply_leaf_module_config(module, options.leaf_module, DEFAULT_LEAF_MODULE_CLASSES)
@@ -225,13 +228,14 @@ class ShardedModel:
                           shard_numel=shard_numel(sum(p.numel() for _, p in items),
                                                   self.partitions),
                           optimized=group is not None and requires_grad,
-                          compute_dtype=self.compute_dtype, device=items[0][1].device)
+                          compute_dtype=self.compute_dtype, device=items[0][1].device,
+                          master_dtype=self.master_dtype)
                  for ui, unit_buckets in enumerate(buckets)
                  for pos, ((group, requires_grad), items) in enumerate(unit_buckets)]
         placements = iter(self.plan.place_all(specs))
         return [[FlatParam(items, rank=self.rank, partitions=self.partitions,
                            compute_dtype=self.compute_dtype, group_index=group, pool=self.pool,
-                           placement=next(placements))
+                           placement=next(placements), master_dtype=self.master_dtype)
                  for (group, _), items in unit_buckets] for unit_buckets in buckets]
 
     # -- queries -----------------------------------------------------------------------
@@ -240,7 +244,7 @@ class ShardedModel:
         return [f for u in self.units for f in u.flats]
 
     def master_groups(self, group_hparams: list[dict]) -> list[dict]:
-        """One group per entry of `group_hparams`, with this rank's fp32 masters of that group
+        """One group per entry of `group_hparams`, with this rank's masters of that group
         (empty where the group has nothing to train)."""
         return [{**hparams, "params": [f.master for f in self.flats
                                        if f.group_index == gi and f.master is not None]}
