@@ -5,7 +5,10 @@
 For int8 and int4 (block 256): quantize (fp32 in -> codes + scales), dequantize (codes +
 scales -> fp32) and the fused dequantize-sum of K=8 chunks (what qgZ runs after its
 all-to-all). The top-k selection kernel of sparsified gradients (ratios 1% and 0.1% of a
-16M-element unit), with torch.topk's time on the same tensor beside it. GB/s = bytes a kernel must read and write / its median time (CUDA events,
+16M-element unit), with torch.topk's time on the same tensor beside it. The fused Adam/AdamW
+step on bf16 master weights (bf16 grad and states, 64M elements) for its three roundings
+(nearest, kahan, stochastic), with torch's fused AdamW on the same bf16 tensors beside it.
+GB/s = bytes a kernel must read and write / its median time (CUDA events,
 after autotuning). The reference is the device's own copy bandwidth (`dst.copy_(src)`,
 read + write), and the spec figure where the driver reports clock and bus width.
 """
@@ -86,6 +89,45 @@ def topk_rows(x: torch.Tensor, copy_gbs: float) -> list[dict]:
     return rows
 
 
+ADAMW_ELEMENTS = 1 << 26
+
+
+def adamw_traffic_bytes(n: int, rounding: str, param: int = 2, grad: int = 2,
+                        state: int = 2) -> int:
+    """Bytes read + written by one Adam step on `n` elements (sizes in bytes per element):
+    param, grad, exp_avg and exp_avg_sq read; param and both states written; kahan also reads
+    and writes its bf16 compensation."""
+    if rounding not in ("nearest", "kahan", "stochastic"):
+        raise ValueError(rounding)
+    return n * (2 * param + grad + 4 * state + (4 if rounding == "kahan" else 0))
+
+
+def adamw_rows(n: int, copy_gbs: float, dev) -> list[dict]:
+    """The fused Adam step on bf16 params, grads and states, per rounding; torch's fused AdamW
+    (fp32 math, bf16 storage: what "nearest" computes) on the same tensors for scale."""
+    from triton_kernels.adamw_triton import adamw_step_triton
+
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = torch.randn(n, device=dev, generator=gen).to(torch.bfloat16)
+    g = (torch.randn(n, device=dev, generator=gen) * 1e-2).to(torch.bfloat16)
+    m = torch.zeros_like(p)
+    v = torch.zeros_like(p)
+    c = torch.zeros_like(p)
+    kw = dict(step=10, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+    rows = []
+    for rounding in ("nearest", "kahan", "stochastic"):
+        comp = c if rounding == "kahan" else None
+        seconds = time_s(lambda: adamw_step_triton(p, g, m, v, comp, rounding=rounding, **kw))
+        gbs = adamw_traffic_bytes(n, rounding) / seconds / 1e9
+        rows.append({"op": "adamw_step", "bits": f"bf16 {rounding}", "elements": n,
+                     "seconds": seconds, "GB/s": gbs, "vs_copy": gbs / copy_gbs})
+    tp = p.clone().requires_grad_(True)
+    tp.grad = g.clone()
+    opt = torch.optim.AdamW([tp], lr=1e-4, weight_decay=0.01, fused=True)
+    rows[0]["torch_fused_adamw_seconds"] = time_s(opt.step)
+    return rows
+
+
 def run(n: int) -> dict:
     from triton_kernels.quantize_triton import (dequantize_sum_triton, dequantize_triton,
                                                 quantize_triton)
@@ -113,6 +155,7 @@ def run(n: int) -> dict:
             rows.append({"op": op, "bits": bits, "elements": elems, "seconds": seconds,
                          "GB/s": gbs, "vs_copy": gbs / copy_gbs})
     rows += topk_rows(src[:min(n, TOPK_ELEMENTS)], copy_gbs)
+    rows += adamw_rows(min(n, ADAMW_ELEMENTS), copy_gbs, dev)
     spec = spec_bandwidth_gbs(props)
     for r in rows:
         r["vs_spec"] = r["GB/s"] / spec if spec else None

@@ -1,4 +1,4 @@
-"""Backend selection for the block quantization kernels.
+"""Backend selection for the Triton kernels (block quantization, top-k selection, Adam step).
 
 ``quantize`` / ``dequantize`` / ``dequantize_sum`` use the Triton kernels when the
 tensor lives on CUDA and triton is importable; otherwise the pure-torch twins
@@ -18,11 +18,12 @@ import warnings
 
 import torch
 
+from . import adamw_ref as _adamw
 from . import quantize_ref as _ref
 from . import topk_ref as _topk
 
 __all__ = ["triton_available", "use_triton", "quantize", "dequantize", "dequantize_sum",
-           "quantized_nbytes", "topk_select"]
+           "quantized_nbytes", "topk_select", "adamw_step"]
 
 _TRITON_OK = None
 _WHY_NOT: str | None = None
@@ -60,8 +61,9 @@ def _warn_fallback() -> None:
     global _WARNED
     if not _WARNED and _WHY_NOT:
         _WARNED = True
-        warnings.warn(f"triton_kernels: {_WHY_NOT}; quantization runs in the pure-torch "
-                      "twins (same results, slower on CUDA)", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"triton_kernels: {_WHY_NOT}; quantization, top-k and the Adam step "
+                      "run in the pure-torch twins (same results, slower on CUDA)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _forced() -> bool:
@@ -123,3 +125,18 @@ def topk_select(x: torch.Tensor, k: int, residual: torch.Tensor | None = None):
         residual.reshape(-1).copy_(res)
         res = residual.reshape(-1)
     return idx, vals, res
+
+
+def adamw_step(param, grad, exp_avg, exp_avg_sq, compensation=None, *, step: int, lr: float,
+               beta1: float, beta2: float, eps: float, weight_decay: float, adamw: bool = True,
+               rounding: str = "nearest", seed: int = 0) -> None:
+    """One fused Adam (``adamw=False``) / AdamW step in place on bf16 or fp32 master weights,
+    ``rounding`` "nearest", "kahan" (needs ``compensation``) or "stochastic"; ``step`` counts
+    from 1. See :mod:`triton_kernels.adamw_ref` for the numerics (the kernel and the twin agree
+    bit for bit)."""
+    kw = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+              adamw=adamw, rounding=rounding, seed=seed)
+    if use_triton(param):
+        from .adamw_triton import adamw_step_triton
+        return adamw_step_triton(param, grad, exp_avg, exp_avg_sq, compensation, **kw)
+    return _adamw.adamw_step_ref(param, grad, exp_avg, exp_avg_sq, compensation, **kw)

@@ -29,7 +29,8 @@ def use_interpreter_if_no_cuda() -> bool:
                                "kernels would run in the interpreter and the GPU would test "
                                "nothing; unset TRITON_INTERPRET")
         return False
-    for mod in ("triton_kernels.quantize_triton", "triton_kernels.topk_triton"):
+    for mod in ("triton_kernels.quantize_triton", "triton_kernels.topk_triton",
+                "triton_kernels.adamw_triton"):
         if mod in sys.modules and not interpreting():
             raise RuntimeError(f"{mod} was imported before use_interpreter_if_no_cuda(): its "
                                "kernels are already defined for a GPU this machine does not "

@@ -82,3 +82,71 @@ def bf16_atol(values, roundings: int) -> float:
     value. Kernels of different CPUs (AVX-512-BF16 vs AVX2) round intermediate results
     differently; each rounding on the path to a value may move it by one ulp."""
     return roundings * max(bf16_ulp(float(v)) for v in values)
+
+
+def train_bf16_masters_reference(model: nn.Module, batches, loss_fn, *, world: int, gas: int,
+                                 lr: float, weight_decay: float, clip: float = 0.0,
+                                 betas=(0.9, 0.999), eps: float = 1e-8,
+                                 rounding: str = "kahan", fp32_moments: bool = False,
+                                 reduce_each_micro_step: bool = True):
+    """What `bf16.bf16_master_weights_and_grads` trains, in plain torch, one process.
+
+    The masters ARE the bf16 weights (the model's fp32 values cast once). Each micro-step k
+    reduces the fp32 gradients of the `world` pieces r*gas + k (rank-major, as
+    reference.rank_micro_batches deals them), each times 1/gas, summed in rank order and
+    divided by `world`; the result is stored in bf16 and added in bf16 over micro-steps (the
+    gradient shard lives in the master's dtype). Then float64-norm clipping of the bf16
+    gradients and the AdamW step of triton_kernels (fp32 maths, stored with `rounding`;
+    moments in bf16, or fp32 with `fp32_moments`). `reduce_each_micro_step=False` (ZeRO
+    stage 1, which reduces once per step): each rank sums its micro-steps in fp32 first, and
+    the one reduced sum is stored in bf16.
+
+    Returns (per-step mean losses, final bf16 weights by parameter name).
+    """
+    from triton_kernels.adamw_ref import adamw_step_ref
+
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(p, []).append(name)
+    work = copy.deepcopy(model).to(torch.bfloat16)
+    params = list(dict.fromkeys(work.parameters()))
+    moment = torch.float32 if fp32_moments else torch.bfloat16
+    state = [{"m": torch.zeros_like(p, dtype=moment), "v": torch.zeros_like(p, dtype=moment),
+              "c": torch.zeros_like(p)} for p in params]
+    losses = []
+    for step, batch in enumerate(batches, start=1):
+        pieces = split_rows(batch, world * gas)
+        grads = [None] * len(params)
+        total = 0.0
+        windows = [[k] for k in range(gas)] if reduce_each_micro_step else [list(range(gas))]
+        for micro_steps in windows:
+            reduced = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+            for r in range(world):
+                local = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+                for k in micro_steps:
+                    loss = loss_fn(work, *pieces[r * gas + k])
+                    loss.backward()
+                    for acc, p in zip(local, params):
+                        if p.grad is not None:
+                            acc.add_(p.grad.float(), alpha=1.0 / gas)
+                    work.zero_grad(set_to_none=True)
+                    total += loss.float().item()
+                for red, acc in zip(reduced, local):
+                    red.add_(acc)
+            for i, red in enumerate(reduced):
+                g = red.mul_(1.0 / world).to(torch.bfloat16)
+                grads[i] = g if grads[i] is None else grads[i].add_(g)
+        if clip > 0:
+            clip_grads_(grads, clip)
+        with torch.no_grad():
+            for p, g, s in zip(params, grads, state):
+                adamw_step_ref(p.view(-1), g.view(-1), s["m"].view(-1), s["v"].view(-1),
+                               s["c"].view(-1) if rounding == "kahan" else None, step=step,
+                               lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
+                               weight_decay=weight_decay, adamw=True, rounding=rounding)
+        losses.append(total / (world * gas))
+    out = {}
+    for orig, p in zip(names, params):
+        for name in names[orig]:
+            out[name] = p.detach().clone()
+    return losses, out
