@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer
+from zerolite.comm.topology import SecondaryGroup
 from zerolite.config.zero_blocks import DEFAULT_LEAF_MODULE_CLASSES
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.buffer_pool import BufferPool
@@ -139,7 +140,10 @@ class ShardedModel:
                  group_of: dict[nn.Parameter, int], rank: int, world_size: int,
                  options: ShardingOptions | None = None, unit_policy: UnitPolicy | None = None,
                  reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None,
-                 device_layer=None, plan: PlacementPlan = ON_DEVICE):
+                 device_layer=None, plan: PlacementPlan = ON_DEVICE,
+                 secondary: SecondaryGroup | None = None):
+        """`secondary`: this rank's hpZ group (stage 3, zero_hpz_partition_size > 1), the
+        same one the gatherer gathers secondary shards over; None = no hpZ."""
         options = options or ShardingOptions()
         self.module = module
         self.options = options
@@ -152,6 +156,7 @@ class ShardedModel:
         self.state = TrainingState.IDLE
         self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
+        self.secondary = secondary
         self.compute_dtype = compute_dtype
         self.reducer = reducer or GradReducer(world_size)
         self.gatherer = gatherer or ParamGatherer()
@@ -229,9 +234,12 @@ class ShardedModel:
                  for ui, unit_buckets in enumerate(buckets)
                  for pos, ((group, requires_grad), items) in enumerate(unit_buckets)]
         placements = iter(self.plan.place_all(specs))
+        hpz = self.secondary
         return [[FlatParam(items, rank=self.rank, partitions=self.partitions,
                            compute_dtype=self.compute_dtype, group_index=group, pool=self.pool,
-                           placement=next(placements))
+                           placement=next(placements),
+                           secondary_partitions=hpz.size if hpz else 1,
+                           secondary_rank=hpz.position if hpz else 0)
                  for (group, _), items in unit_buckets] for unit_buckets in buckets]
 
     # -- queries -----------------------------------------------------------------------
@@ -248,6 +256,10 @@ class ShardedModel:
 
     def gathered_nbytes(self) -> int:
         return self.residency.live_nbytes()
+
+    def secondary_nbytes(self) -> int:
+        """hpZ secondary shards held now (between a unit's forward and its backward)."""
+        return self.residency.secondary_nbytes()
 
     # -- saved tensors ------------------------------------------------------------------
     @contextmanager
