@@ -277,6 +277,34 @@ def test_gathered_parameters_write_drops_the_secondary():
         assert torch.equal(row, torch.full_like(row, 0.25))
 
 
+def _writes(rank, world):
+    from zerolite.zero.flat_param import FlatParam
+
+    flat = FlatParam([(("w",), nn.Parameter(torch.arange(6.0)))], rank=rank, partitions=world,
+                     compute_dtype=torch.float32, group_index=0, secondary_partitions=world,
+                     secondary_rank=rank)
+    dropped = {}
+    for name, write in (("write_shard", lambda: flat.write_shard(0, torch.ones(1))),
+                        ("copy_into_shard", lambda: flat.copy_into_shard(0, torch.ones(1))),
+                        ("write_master", lambda: flat.write_master(flat.master_value())),
+                        ("refresh_shard_from_master", flat.refresh_shard_from_master)):
+        flat.alloc_full().copy_(torch.arange(6.0))
+        flat.keep_secondary()
+        kept = flat.secondary.tolist()
+        flat.free_full()
+        write()
+        dropped[name] = (kept, flat.secondary)
+    return dropped
+
+
+def test_every_write_of_the_shard_drops_the_secondary():
+    """The secondary is never stale: each way of writing a flat's shard or master drops it."""
+    for rank, dropped in enumerate(run_ranks(_writes, 2)):
+        for name, (kept, now) in dropped.items():
+            assert kept == [3.0 * rank, 3.0 * rank + 1, 3.0 * rank + 2], name
+            assert now is None, name
+
+
 # -- memory ----------------------------------------------------------------------------------
 def test_check_config_row_matches_the_measured_peak():
     """The secondary shards' bytes in check-config (`--model`) equal the engine's measured
