@@ -49,8 +49,9 @@ def test_byte_formulas_small_case():
                   "reduce_scatter grads": (9, 9)}
     # DDP: ring all-reduce of 10 x 2 B: 2 (N-1)/N = 30 B.
     assert _cols("ddp", u, 4, 2) == {"all_reduce grads": (15, 15)}
-    # hpZ 2: the backward gather over the 2 GPUs of a node, shard ceil(10/2) = 5: 5 x 2 B.
-    assert _cols("zero3+hpz", u, 4, 2)["all_gather bwd (hpZ 2)"] == (10, 0)
+    # hpZ 2: the backward gather over the 2 GPUs of a node, of secondary shards of half the
+    # flat padded for 4 ranks (12 / 2 = 6 elements, as zerolite cuts them): 6 x 2 B.
+    assert _cols("zero3+hpz", u, 4, 2)["all_gather bwd (hpZ 2)"] == (12, 0)
     # qwZ int8: 3 elements -> one 256-block: 256 B codes + 4 B scale, to 3 ranks = 780 B.
     q = _cols("zero3+qwz+qgz(1hop)", u, 4, 2)
     assert q["all_gather fwd (qwZ int8)"] == (390, 390)
@@ -98,13 +99,15 @@ ODD = GPTConfig(vocab_size=257, seq_len=16, n_layer=2, n_head=3, d_model=33)
 at world 2 every flat carries one padding element."""
 
 
-def _measure(rank, world, cfg_model, zero, extra):
+def _measure(rank, world, cfg_model, zero, extra, stats=False):
     cfg = ds_config(world, **extra)  # fp32, gas 2, stage 3, persistence threshold 0
     cfg["zero_optimization"].update(zero)
     engine, *_ = zerolite.initialize(model=tiny_gpt(cfg=cfg_model), config=cfg)
     for b in batches(2):
         train_engine(engine, [b], rank, world)
     s = engine.last_step_stats
+    if stats:
+        return s
     flats = [[f.numel for f in u.flats] for u in engine.sharded.units]
     return s.all_gather_bytes, s.reduce_bytes, flats
 
@@ -130,6 +133,29 @@ def test_zero3_bytes_equal_what_the_engine_sends(cfg_model):
     if cfg_model is ODD:  # without padding the count would be short by the pad elements
         unpadded = 2 * 4 * (sum(u.numel for u in units) / 2 + sum(u.numel for u in units[1:]) / 2)
         assert gathered - unpadded == 2 * 4 * (len(units) + len(units) - 1) / 2
+
+
+def test_hpz_bytes_equal_what_the_engine_sends():
+    """zero3+hpz at world 4 on 2 loopback nodes of 2 ranks, hpz 2, fp32, 2 micro-steps (odd
+    sizes: padded flats): per collective, the model's bytes are the engine's exactly; the
+    backward gather stays in the node in both; the forward gather and the reduce-scatter
+    cross by the model's rails (1/2) and by destination in the engine (2 of 3 peers)."""
+    per_rank = run_ranks(_measure, 4, ODD, {"zero_hpz_partition_size": 2}, {}, stats=True,
+                         ranks_per_node=2)
+    w = Workload(_model_units(ODD), micro_steps=2, param_bytes=4, grad_bytes=4, hpz=2)
+    r = plan_scheme("zero3+hpz", w, Cluster(gpus=4, gpus_per_node=2))
+    by = {c.name: c for c in r.collectives}
+    fwd, bwd = by["all_gather fwd"], by["all_gather bwd (hpZ 2)"]
+    grads = by["reduce_scatter grads"]
+    for s in per_rank:  # every rank sends the same
+        sent, far = s.bytes_by_collective, s.inter_node_bytes_by_collective
+        assert sent == {"all_gather": fwd.bytes, "secondary_all_gather": bwd.bytes,
+                        "all_to_all": grads.bytes}, sent
+        assert bwd.inter_bytes == far["secondary_all_gather"] == 0
+        assert (fwd.inter_bytes, grads.inter_bytes) == (fwd.bytes // 2, grads.bytes // 2)
+        assert (far["all_gather"], far["all_to_all"]) == (fwd.bytes * 2 // 3, grads.bytes * 2 // 3)
+        assert s.all_gather_bytes == fwd.bytes + bwd.bytes and s.reduce_bytes == grads.bytes
+        assert s.secondary_gather_bytes == bwd.bytes
 
 
 def test_qwz_qgz_bytes_equal_what_the_engine_sends():

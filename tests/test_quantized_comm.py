@@ -30,6 +30,7 @@ class FakeFlat:
         self.padded_numel = shard_numel * partitions
         self.full = torch.empty(self.padded_numel, dtype=dtype)
         self.shard = torch.empty(shard_numel, dtype=dtype)
+        self.secondary = None  # no hpZ secondary shard held
 
     def alloc_full(self):
         return self.full

@@ -17,6 +17,8 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.comm.last_collective import RECORD as LAST, set_phase
+from zerolite.comm.topology import NodeLayout, build_secondary_group
+from zerolite.comm.wire_count import WireCounter
 from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.fragments import TensorFragments
@@ -84,6 +86,11 @@ class ZeroEngine(DeepSpeedAccessors):
                                          layer=self.device_layer, rank=self.rank,
                                          compute_dtype=config.precision_dtype,
                                          separate_host=separate_host)
+        # hpZ: the node layout torchrun set up, and this rank's group of
+        # zero_hpz_partition_size ranks inside its node (refused if it does not fit).
+        self.node_layout = NodeLayout.from_env(self.world_size)
+        hpz_group = build_secondary_group(zc.zero_hpz_partition_size, self.node_layout,
+                                          self.rank)
         self.sharded = ShardedModel(model, compute_dtype=config.precision_dtype,
                                     group_of=group_of, rank=self.rank,
                                     world_size=self.world_size,
@@ -91,11 +98,15 @@ class ZeroEngine(DeepSpeedAccessors):
                                         zc, reduce_once_per_step=config.zerolite
                                         .reduce_once_per_step),
                                     unit_policy=policy,
-                                    reducer=build_grad_reducer(config, self.world_size,
-                                                               self.device_layer),
-                                    gatherer=build_param_gatherer(config, self.device_layer),
+                                    reducer=build_grad_reducer(
+                                        config, self.world_size, self.device_layer,
+                                        wire=WireCounter(self.node_layout, self.rank)),
+                                    gatherer=build_param_gatherer(
+                                        config, self.device_layer,
+                                        wire=WireCounter(self.node_layout, self.rank),
+                                        secondary=hpz_group),
                                     device_layer=self.device_layer,
-                                    plan=self.placement_plan,
+                                    plan=self.placement_plan, secondary=hpz_group,
                                     master_dtype=config.master_dtype)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
@@ -132,8 +143,9 @@ class ZeroEngine(DeepSpeedAccessors):
         self.monitor = TrainingMonitor(config, self.rank, self.world_size)
         self._window = _StepWindow()
         self.last_step_stats = None
-        self._bytes_seen = (0, 0)
         """Communication/compute accounting of the last optimizer step (zero/step_stats.py)."""
+        self._wire_seen: dict = {}
+        """(owner, counter, label) -> bytes counted by the end of the previous step."""
 
     # -- construction helpers ---------------------------------------------------------
     def _build_scheduler(self, client_scheduler):
@@ -303,10 +315,7 @@ class ZeroEngine(DeepSpeedAccessors):
         st = self.last_step_stats = self.sharded.stats.end_step()
         st.compute_s = max(0.0, w.forward_s + w.backward_s - st.all_gather_wait_s
                            - st.reduce_scatter_wait_s)
-        sent = (sum(self.sharded.reducer.bytes_sent.values()),
-                sum(self.sharded.gatherer.bytes_sent.values()))
-        st.reduce_bytes, st.all_gather_bytes = (a - b for a, b in zip(sent, self._bytes_seen))
-        self._bytes_seen = sent
+        self._fill_wire_stats(st)
         breakdown = self._config.wall_clock_breakdown
         loss = None
         if w.losses:  # collected on every rank for exactly the logged steps: one all-reduce
@@ -331,6 +340,26 @@ class ZeroEngine(DeepSpeedAccessors):
                         st.all_gather_s, st.all_gather_wait_s, st.reduce_scatter_s,
                         st.reduce_scatter_wait_s, st.gathers, st.prefetched,
                         st.peak_live_bytes / 2**20)
+
+    def _fill_wire_stats(self, st) -> None:
+        """This step's bytes from the reducer's and gatherer's cumulative counters."""
+        seen, now = self._wire_seen, {}
+        totals = {"reduce": 0, "gather": 0}
+        for owner, wire in (("reduce", self.sharded.reducer.wire),
+                            ("gather", self.sharded.gatherer.wire)):
+            for which, counter in (("sent", wire.sent), ("inter_node", wire.inter_node)):
+                for label, value in counter.items():
+                    now[owner, which, label] = value
+                    step = value - seen.get((owner, which, label), 0)
+                    if which == "sent":
+                        totals[owner] += step
+                        st.bytes_by_collective[label] = step
+                    else:
+                        st.inter_node_bytes += step
+                        st.inter_node_bytes_by_collective[label] = step
+        self._wire_seen = now
+        st.reduce_bytes, st.all_gather_bytes = totals["reduce"], totals["gather"]
+        st.secondary_gather_bytes = st.bytes_by_collective.get("secondary_all_gather", 0)
 
     @torch.no_grad()
     def _apply_update(self) -> None:
@@ -446,6 +475,9 @@ class ZeroEngine(DeepSpeedAccessors):
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "grad_shards": grads, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes(),
+                # hpZ secondary shards held now: from a unit's forward to its backward
+                # (last_step_stats.peak_secondary_bytes: the step's most)
+                "secondary_shards": self.sharded.secondary_nbytes(),
                 # full-size buffers kept for reuse (the most ever live at once), and the
                 # spare / read-ahead shard buffers of offload_param nvme (param_swap.py)
                 "buffer_pool": self.sharded.pool.held_bytes(),

@@ -183,6 +183,14 @@ def all_gather_bytes(units, n: int, elem_bytes: int, only_regathered: bool = Fal
                if u.regathered or not only_regathered) if n > 1 else 0
 
 
+def secondary_gather_bytes(units, n: int, hpz: int, elem_bytes: int) -> int:
+    """hpZ's backward all-gather over hpz ranks of every re-gathered unit: each rank's
+    secondary shard, 1/hpz of the flat padded for n ranks (as zerolite cuts it), to hpz - 1
+    ranks."""
+    return sum((hpz - 1) * shard_numel(u.numel, n) * n // hpz * elem_bytes for u in units
+               if u.regathered) if hpz > 1 else 0
+
+
 def reduce_scatter_bytes(units, n: int, elem_bytes: int) -> int:
     """Reduce-scatter of every unit's padded gradient: (n - 1) / n of it."""
     return sum((n - 1) * shard_numel(u.numel, n) * elem_bytes for u in units) if n > 1 else 0
@@ -217,7 +225,7 @@ def _collectives(scheme: str, w: Workload, c: Cluster) -> list[Collective]:
         ring("all_gather fwd", "forward", n, ms * all_gather_bytes(units, n, w.param_bytes))
     if scheme in ("zero3+hpz", "zero++"):
         # Secondary partition over hpz ranks of one node: the whole gather stays inside it.
-        nbytes = ms * all_gather_bytes(units, hpz, w.param_bytes, only_regathered=True)
+        nbytes = ms * secondary_gather_bytes(units, n, hpz, w.param_bytes)
         out.append(Collective(scheme, f"all_gather bwd (hpZ {hpz})", "backward", hpz, nbytes, 0))
     elif quant_w:
         ring(f"all_gather bwd (qwZ int{w.qwz_bits})", "backward", n,

@@ -27,7 +27,10 @@ DeepSpeed's accounting. zerolite differs in two places: gradients are fp32 (redu
 fp32: +2Ψ or +2Ψ/N in mixed precision), and at stages 0-2 the full compute-dtype params sit
 next to the shard (stage 0: one extra full copy; stages 1-2: an extra 1/N).
 
-Stage 3 also holds the units gathered at the moment (reported separately). Activations,
+Stage 3 also holds the units gathered at the moment (reported separately), and with hpZ
+(`zero_hpz_partition_size` h > 1) the secondary shards: from a unit's forward to its
+backward, 1/h of its compute-dtype params (2Ψ/h in 16 bit, 4Ψ/h in fp32) at most, the root
+unit excluded with --model (it stays gathered from forward to backward). Activations,
 temporary buffers and the CUDA/allocator overhead are not included.
 """
 from __future__ import annotations
@@ -222,6 +225,15 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
     from zerolite.offload.placement import configured_choice, offload_bytes
 
     zc = cfg.zero_optimization
+    hpz = zc.zero_hpz_partition_size
+    if hpz > 1:
+        # Every re-gathered unit's secondary shard, held after the forward until its backward.
+        regathered = num_params - root if model is not None else num_params
+        mem["hpz_secondary_bytes"] = compute_bytes * regathered / hpz
+        mem["hpz_secondary_note"] = (
+            f"zero_hpz_partition_size {hpz}: 1/{hpz} of the {regathered:,} params of the "
+            "re-gathered units in the compute dtype, from the end of forward until each "
+            "unit's backward")
     mem["offload_optimizer"] = offload_bytes(
         mem["per_stage"], zc.stage, sb, cfg.world_size, num_params, zc.offload_optimizer,
         int(zc.sub_group_size), gas=cfg.gradient_accumulation_steps,
@@ -268,6 +280,9 @@ def print_summary(summary: dict) -> None:
               f"{_fmt(e['optimizer'])}{_fmt(e['total'])}{mark}")
     print(f"  stage 3 extra, gathered units: {_fmt(mem['stage3_gathered_bytes']).strip()} "
           f"({mem['stage3_gathered_note']})")
+    if "hpz_secondary_bytes" in mem:
+        print(f"  stage 3 extra, hpZ secondary shards: "
+              f"{_fmt(mem['hpz_secondary_bytes']).strip()} ({mem['hpz_secondary_note']})")
     print(f"\noffload choices at stage {stage}, per rank (device = where the model computes):")
     print(f"  {'choice':<12}{'device':>14}{'host':>14}{'disk':>14}")
     for choice, e in mem["offload_optimizer"].items():

@@ -11,23 +11,24 @@ from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def build_grad_reducer(config, world_size: int, layer=None):
+def build_grad_reducer(config, world_size: int, layer=None, wire=None):
     """Exact reducer (optionally 16-bit on the wire), or ZeRO++ qgZ when
     `zero_optimization.zero_quantized_gradients` is on (bits, block size and error feedback
     from the top-level `zerolite` block), or top-k sparsified gradients when
     `zerolite.sparse_gradients` is set (the config refuses it together with qgZ). Note: quantized gradients take precedence over
     `communication_data_type` and `prescale_gradients`; they send codes, not 16-bit values.
-    With a device layer, the reducer's work runs on its reduce stream (comm/streamed.py)."""
-    reducer = _grad_reducer(config, world_size)
+    With a device layer, the reducer's work runs on its reduce stream (comm/streamed.py).
+    `wire`: the WireCounter its bytes go to (comm/wire_count.py; one of its own if None)."""
+    reducer = _grad_reducer(config, world_size, wire)
     return reducer if layer is None else StreamedReducer(reducer, layer)
 
 
-def _grad_reducer(config, world_size: int) -> GradReducer:
+def _grad_reducer(config, world_size: int, wire) -> GradReducer:
     if config.zero_optimization.zero_quantized_gradients:
         extras = config.zerolite
         return QuantizedGradReducer(world_size, bits=extras.quantized_gradients_bits,
                                     block_size=extras.quantized_block_size,
-                                    error_feedback=extras.quantized_error_feedback)
+                                    error_feedback=extras.quantized_error_feedback, wire=wire)
     comm_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else None
     predivide = config.gradient_predivide_factor if config.prescale_gradients else 1.0
     sparse = config.zerolite.sparse_gradients
@@ -39,18 +40,20 @@ def _grad_reducer(config, world_size: int) -> GradReducer:
         return SparseGradReducer(world_size, ratio=sparse.ratio,
                                  error_feedback=sparse.error_feedback,
                                  warmup_reduces=sparse.warmup_steps * per_step,
-                                 predivide=predivide)
-    return GradReducer(world_size, comm_dtype=comm_dtype, predivide=predivide)
+                                 predivide=predivide, wire=wire)
+    return GradReducer(world_size, comm_dtype=comm_dtype, predivide=predivide, wire=wire)
 
 
-def build_param_gatherer(config, layer=None):
+def build_param_gatherer(config, layer=None, wire=None, secondary=None):
     """Exact all-gather, or ZeRO++ qwZ (int8 blocks) when
     `zero_optimization.zero_quantized_weights` is on; with a device layer, on its all-gather
-    stream and communicator."""
+    stream and communicator. `secondary`: this rank's hpZ group (comm/topology.py), over
+    which flats holding a secondary shard are gathered, exactly in both cases."""
     if config.zero_optimization.zero_quantized_weights:
-        gatherer = QuantizedParamGatherer(bits=8, block_size=config.zerolite.quantized_block_size)
+        gatherer = QuantizedParamGatherer(bits=8, block_size=config.zerolite.quantized_block_size,
+                                          wire=wire, secondary=secondary)
     else:
-        gatherer = ParamGatherer()
+        gatherer = ParamGatherer(wire=wire, secondary=secondary)
     if layer is None:
         return gatherer
     gatherer.group = layer.gather.group

@@ -36,7 +36,7 @@ from torch.autograd.profiler import record_function
 
 from triton_kernels import dequantize, dequantize_sum, quantize
 from triton_kernels.quantize_ref import check_args, num_blocks
-from zerolite.comm.collectives import all_gather_flat, wire_bytes
+from zerolite.comm.collectives import all_gather_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer, PendingReduce
 
 __all__ = ["QuantizedGradReducer", "QuantizedParamGatherer", "quantize_chunks"]
@@ -107,8 +107,9 @@ class QuantizedGradReducer(GradReducer):
     """
 
     def __init__(self, world_size: int, bits: int = 8, block_size: int = 256,
-                 stochastic: bool = False, error_feedback: bool = False, seed: int = 0):
-        super().__init__(world_size)
+                 stochastic: bool = False, error_feedback: bool = False, seed: int = 0,
+                 wire=None):
+        super().__init__(world_size, wire=wire)
         check_args(bits, block_size)
         self.bits, self.block_size = bits, block_size
         self.stochastic, self.error_feedback, self.seed = stochastic, error_feedback, seed
@@ -141,9 +142,8 @@ class QuantizedGradReducer(GradReducer):
         with record_function("zerolite::all_to_all_quantized"):
             w_codes = dist.all_to_all_single(recv_codes, codes, async_op=True)
             w_scales = dist.all_to_all_single(recv_scales, scales, async_op=True)
-        self.bytes_sent["all_to_all"] += wire_bytes(
-            "all_to_all", codes.numel() * codes.element_size()
-            + scales.numel() * scales.element_size(), parts)
+        self.wire.add("all_to_all", "all_to_all", codes.numel() * codes.element_size()
+                      + scales.numel() * scales.element_size(), world=parts)
         if self.error_feedback:
             # Computed while the all-to-alls are in flight.
             sent = _dequantize_chunks(codes, scales, self.bits, self.block_size, n)
@@ -165,20 +165,22 @@ class QuantizedParamGatherer(ParamGatherer):
     """qwZ: int8 block-quantized all-gather of the compute-dtype parameter shards.
 
     ZeRO++ quantizes only the forward all-gathers; zerolite applies it to every gather of a
-    unit, so the backward re-gathers (stage 3) are quantized too -- forward and backward then
-    see the same weights. Checkpoints and `gather_full_state_dict` use the exact
+    unit from the primary shards, so the backward re-gathers (stage 3) are quantized too --
+    forward and backward then see the same weights. With hpZ, a gather from the secondary
+    shards is exact (ParamGatherer.start): they are slices of the forward's dequantized
+    buffer, so backward again sees the forward's weights. Checkpoints and `gather_full_state_dict` use the exact
     `gather_full_flat`.
     `start` returns an object whose `wait()` waits for the codes and scales and then
     dequantizes every rank's chunk (this rank's too, so all ranks compute with identical
     weights) into `flat.full`. Stage 0 (`partitions == 1`) copies exactly.
     """
 
-    def __init__(self, bits: int = 8, block_size: int = 256):
-        super().__init__()
+    def __init__(self, bits: int = 8, block_size: int = 256, wire=None, secondary=None):
+        super().__init__(wire=wire, secondary=secondary)
         check_args(bits, block_size)
         self.bits, self.block_size = bits, block_size
 
-    def start(self, flat):
+    def _start_from_shards(self, flat):
         full = flat.alloc_full()
         if flat.partitions == 1:
             return None  # the shard is the full buffer (FlatParam.full_is_shard)
@@ -191,9 +193,8 @@ class QuantizedParamGatherer(ParamGatherer):
                                   async_op=True)
         w_scales = all_gather_flat(all_scales.view(-1), scales.reshape(-1), group=self.group,
                                    async_op=True)
-        self.bytes_sent["all_gather"] += wire_bytes(
-            "all_gather", codes.numel() * codes.element_size()
-            + scales.numel() * scales.element_size(), parts)
+        self.wire.add("all_gather", "all_gather", codes.numel() * codes.element_size()
+                      + scales.numel() * scales.element_size(), world=parts)
         return _PendingGather(_Works(w_codes, w_scales), flat, all_codes, all_scales,
                               self.bits, self.block_size, n)
 

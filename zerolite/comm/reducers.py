@@ -13,7 +13,10 @@ import torch
 import torch.distributed as dist
 
 from zerolite.comm.collectives import (all_reduce_sum, all_to_all_flat, reduce_scatter_flat,
-                                       start_full_flat_gather, wire_bytes)
+                                       start_full_flat_gather)
+from zerolite.comm.topology import SecondaryGroup
+from zerolite.comm.wire_count import WireCounter
+from zerolite.errors import ZeroliteStateError
 
 
 class PendingReduce:
@@ -58,7 +61,8 @@ class GradReducer:
     """
 
     def __init__(self, world_size: int, comm_dtype: torch.dtype | None = None,
-                 predivide: float = 1.0, scatter_method: str | None = None):
+                 predivide: float = 1.0, scatter_method: str | None = None,
+                 wire: WireCounter | None = None):
         self.world_size = world_size
         self.comm_dtype = comm_dtype or torch.float32
         self.predivide = predivide
@@ -66,12 +70,16 @@ class GradReducer:
         if method not in SCATTER_METHODS:
             raise ValueError(f"scatter_method {method!r}: expected one of {SCATTER_METHODS}")
         self.scatter_method = method
-        self.bytes_sent: Counter = Counter()
-        """Bytes this rank put on the wire, by collective kind (comm.wire_bytes; reset by
-        the caller)."""
+        self.wire = wire if wire is not None else WireCounter()
+        """Bytes this rank put on the wire by collective kind, and the part to other nodes
+        (wire_count.py; cumulative, readers take differences)."""
+
+    @property
+    def bytes_sent(self) -> Counter:
+        return self.wire.sent
 
     def _count(self, kind: str, t: torch.Tensor) -> None:
-        self.bytes_sent[kind] += wire_bytes(kind, t.numel() * t.element_size(), self.world_size)
+        self.wire.add(kind, kind, t.numel() * t.element_size(), world=self.world_size)
 
     def start(self, flat, full_grad: torch.Tensor) -> PendingReduce:
         send = full_grad if self.predivide == 1.0 else full_grad.div_(self.predivide)
@@ -112,15 +120,37 @@ class GradReducer:
 
 
 class ParamGatherer:
-    """Exact gather of a unit's full parameters from the compute-dtype shards."""
+    """Exact gather of a unit's full parameters from the compute-dtype shards over every
+    rank, or, while the flat holds an hpZ secondary shard, from the secondary shards over
+    this rank's hpZ group (`secondary`: inside one node; zero/flat_param.py says when a
+    flat holds one)."""
 
-    def __init__(self):
-        self.bytes_sent: Counter = Counter()
+    def __init__(self, wire: WireCounter | None = None, secondary: SecondaryGroup | None = None):
+        self.wire = wire if wire is not None else WireCounter()
+        self.secondary = secondary
         self.group = None
-        """Process group of the gathers (the device layer's gather communicator on NCCL)."""
+        """Process group of the gathers over every rank (the device layer's gather
+        communicator on NCCL)."""
+
+    @property
+    def bytes_sent(self) -> Counter:
+        return self.wire.sent
 
     def start(self, flat):
-        self.bytes_sent["all_gather"] += wire_bytes(
-            "all_gather", flat.shard.numel() * flat.shard.element_size(), flat.partitions)
+        if flat.secondary is None:
+            return self._start_from_shards(flat)
+        group = self.secondary
+        if group is None or group.size != flat.secondary_partitions:
+            raise ZeroliteStateError(f"{flat!r} holds an hpZ secondary shard of 1/"
+                                     f"{flat.secondary_partitions} but the gatherer's hpZ group "
+                                     f"is {group}; this is a zerolite bug, please report it")
+        src = flat.secondary
+        self.wire.add("secondary_all_gather", "all_gather", src.numel() * src.element_size(),
+                      group.ranks)
+        return start_full_flat_gather(flat.alloc_full(), src, group.size, group=group.group)
+
+    def _start_from_shards(self, flat):
+        self.wire.add("all_gather", "all_gather", flat.shard.numel() * flat.shard.element_size(),
+                      world=flat.partitions)
         return start_full_flat_gather(flat.alloc_full(), flat.gather_source(), flat.partitions,
                                       group=self.group)

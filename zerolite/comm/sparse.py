@@ -99,8 +99,8 @@ class SparseGradReducer(GradReducer):
     """
 
     def __init__(self, world_size: int, ratio: float = 0.01, error_feedback: bool = True,
-                 warmup_reduces: int = 0, predivide: float = 1.0, group=None):
-        super().__init__(world_size, predivide=predivide)
+                 warmup_reduces: int = 0, predivide: float = 1.0, group=None, wire=None):
+        super().__init__(world_size, predivide=predivide, wire=wire)
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
         self.ratio, self.error_feedback = float(ratio), bool(error_feedback)
@@ -175,8 +175,9 @@ class SparseGradReducer(GradReducer):
                                               send_splits, group=self.payload_group,
                                               async_op=True)
 
-        others = int(counts.sum()) - int(counts[flat.rank])
-        self.bytes_sent["all_to_all"] += 8 * others + counts.element_size() * (parts - 1)
+        # Per destination: its entries (8 bytes each) and its count; this rank's own stay.
+        self.wire.add_to_ranks("all_to_all", flat.rank, {q: 8 * c + counts.element_size()
+                                                         for q, c in enumerate(counts.tolist())})
         post = self.predivide / self.world_size
 
         def finish(_):

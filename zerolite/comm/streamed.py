@@ -43,6 +43,10 @@ class StreamedGatherer:
     def bytes_sent(self):
         return self.inner.bytes_sent
 
+    @property
+    def wire(self):
+        return self.inner.wire
+
     def start(self, flat):
         def issue():
             once = _Once(self.inner.start(flat))

@@ -183,8 +183,13 @@ class ZeroOptimizationConfig(Section):
     """DeepSpeed's old stage-1 implementation."""
     round_robin_gradients: bool = deepspeed_only(False)
     """Stage 1/2 CPU-offload gradient copy scheduling."""
-    zero_hpz_partition_size: int = deepspeed_only(1)
-    """ZeRO++ hierarchical partition size (secondary group)."""
+    zero_hpz_partition_size: int = 1
+    """ZeRO++ hpZ, stage 3: after a unit's forward each rank keeps a secondary shard (1/h of
+    the unit's compute-dtype params, its slice within a group of h consecutive ranks of one
+    node), and the unit's backward all-gather runs over that group only, so nothing crosses
+    nodes; the secondary shards are dropped after the unit's backward. Costs up to
+    (compute-dtype bytes) x params / h per rank while held. Must divide the ranks per node
+    (LOCAL_WORLD_SIZE) and the world size; 0 or 1 = off (docs/hpz.md)."""
     zero_quantized_weights: bool = False
     """ZeRO++: quantize weights for the parameter all-gather."""
     zero_quantized_nontrainable_weights: bool = deepspeed_only(False)
@@ -258,6 +263,10 @@ class ZeroOptimizationConfig(Section):
         self.offload_param = parse_offload(f"{p}.offload_param", "offload_param", self.offload_param)
         self.offload_optimizer = parse_offload(f"{p}.offload_optimizer", "offload_optimizer",
                                                 self.offload_optimizer)
+        if self.zero_hpz_partition_size > 1 and self.stage != 3:
+            fail_msg(f"{p}.zero_hpz_partition_size", f"{self.zero_hpz_partition_size} needs "
+                     f"{p}.stage 3 (only stage 3 gathers parameters again in backward), got "
+                     f"stage {self.stage}; set it to 1 or use stage 3")
         if self.offload_param and self.stage != 3:
             fail_msg(f"{p}.offload_param.device", f"{self.offload_param.device!r} needs "
                      f"{p}.stage 3 (parameters are only partitioned there, as in DeepSpeed), "

@@ -38,11 +38,12 @@ def harness_mode(world_size: int) -> tuple[str, str]:
     return "spawn", "gloo"
 
 
-def _child(fn, rank, world_size, port, conn, comm_timeout_s, backend, args, kwargs):
+def _child(fn, rank, world_size, port, conn, comm_timeout_s, backend, per_node, args, kwargs):
     try:
+        # torchrun's variables for `per_node` ranks on each node, node-major
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world_size))
+                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % per_node),
+                          LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(rank // per_node))
         torch.set_num_threads(1)
         # Note: the watchdog is off here unless asked for: this harness already kills every
         # rank at the first failure, and its rank 0 (the store host) ends with os._exit.
@@ -66,14 +67,19 @@ def _child(fn, rank, world_size, port, conn, comm_timeout_s, backend, args, kwar
 
 def run_ranks(fn, world_size: int, *args, timeout_s: float = 120.0,
               comm_timeout_s: float = 60.0, backend: str | None = None,
-              start_method: str | None = None, **kwargs) -> list:
+              start_method: str | None = None, ranks_per_node: int | None = None,
+              **kwargs) -> list:
     """Call `fn(rank, world_size, *args, **kwargs)` on `world_size` processes.
 
     Returns the per-rank return values (they must pickle). Raises RankFailed with the first
     failing rank's traceback; the other ranks are killed. `backend` overrides the choice of
     `harness_mode` and `start_method` its start method (spawned ranks need `fn` importable by
-    module path).
+    module path). `ranks_per_node` (default: all on one node) lays the ranks out on loopback
+    "nodes" as torchrun would on that many nodes (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK).
     """
+    per_node = ranks_per_node or world_size
+    if world_size % per_node:
+        raise ValueError(f"ranks_per_node {per_node} does not divide world_size {world_size}")
     method, default = harness_mode(world_size)
     ctx = mp.get_context(start_method or method)
     port = free_port()
@@ -82,7 +88,7 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 120.0,
         parent_conn, child_conn = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_child, daemon=True,
                         args=(fn, rank, world_size, port, child_conn, comm_timeout_s,
-                              backend or default, args, kwargs))
+                              backend or default, per_node, args, kwargs))
         p.start()
         child_conn.close()
         procs.append(p)

@@ -10,6 +10,15 @@ buffer the flat holds in backward. The user's nn.Parameter objects are kept: the
 is a view into the full buffer while gathered and an empty tensor while sharded (as
 DeepSpeed does), so names and object identity never change. With one partition (world 1,
 or stage 0) the shard already is the full buffer: gathering only re-points the params.
+
+[Note: hpZ secondary shard] With `secondary_partitions` h > 1 (ZeRO++ hpZ), a flat may also
+hold a secondary shard: slice `secondary_rank` of h of its gathered full buffer (1/h of the
+padded flat; h divides the partitions, so the slices are equal). It is cut from the full
+buffer when the unit is released after its forward (`keep_secondary`), lets the next gather
+run over the h ranks of this rank's hpZ group instead of every rank (comm/reducers.py), and
+is dropped after the unit's backward. It is never stale: every write of the shard or the
+master drops it first, so a gather from it always yields the current parameters. It is
+never saved (checkpoints read the shard and the master).
 """
 from __future__ import annotations
 
@@ -58,7 +67,8 @@ class FlatParam:
     def __init__(self, params: list[tuple[tuple[str, ...], nn.Parameter]], *, rank: int,
                  partitions: int, compute_dtype: torch.dtype, group_index: int | None,
                  pool: BufferPool | None = None, placement: FlatPlacement | None = None,
-                 master_dtype: torch.dtype = torch.float32):
+                 master_dtype: torch.dtype = torch.float32,
+                 secondary_partitions: int = 1, secondary_rank: int = 0):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -67,6 +77,17 @@ class FlatParam:
         """Ranks the flat is split over: the world size, or 1 at stage 0 (nothing sharded)."""
         self.rank = rank if partitions > 1 else 0
         """This rank's slice index within the partitions."""
+        if secondary_partitions > 1 and (partitions % secondary_partitions
+                                         or not 0 <= secondary_rank < secondary_partitions):
+            raise ZeroliteStateError(f"hpZ secondary partitions {secondary_partitions} (rank "
+                                     f"{secondary_rank}) do not fit {partitions} partitions; "
+                                     "this is a zerolite bug")
+        self.secondary_partitions = secondary_partitions
+        """hpZ group size h: a secondary shard is 1/h of the padded flat (1 = no hpZ)."""
+        self.secondary_rank = secondary_rank
+        """This rank's position in its hpZ group: which 1/h slice its secondary shard is."""
+        self.secondary: torch.Tensor | None = None
+        """The hpZ secondary shard while held (Note above), else None."""
         self.compute_dtype = compute_dtype
         device = params[0][1].device
         slots, offset = [], 0
@@ -161,6 +182,27 @@ class FlatParam:
         for slot, p in zip(self.slots, self.params):
             p.data = slot.view(self.full)
 
+    # -- the hpZ secondary shard ------------------------------------------------------------
+    def keep_secondary(self) -> None:
+        """While gathered: keep this rank's 1/h slice of the full buffer (no-op without hpZ,
+        or when one is held already: the full buffer was gathered from it)."""
+        if self.secondary_partitions <= 1 or self.secondary is not None:
+            return
+        if not self.is_full_allocated:
+            raise ZeroliteStateError(f"{self!r}: keep_secondary while not gathered; this is a "
+                                     "zerolite bug")
+        n = self.padded_numel // self.secondary_partitions
+        lo = self.secondary_rank * n
+        self.secondary = self.full[lo:lo + n].clone()
+
+    def drop_secondary(self) -> None:
+        self.secondary = None
+
+    @property
+    def secondary_nbytes(self) -> int:
+        s = self.secondary
+        return 0 if s is None else s.numel() * s.element_size()
+
     # -- the shard's memory (placements out of memory: ShardHome.FILE) -------------------
     @property
     def shard_loaded(self) -> bool:
@@ -181,7 +223,9 @@ class FlatParam:
 
     def refresh_shard_from_master(self) -> None:
         """After an optimizer step (or a write of the master): the new master values into
-        the compute-dtype shard, wherever each lives."""
+        the compute-dtype shard, wherever each lives. Drops the hpZ secondary shard: it holds
+        the old values."""
+        self.drop_secondary()
         if self.master is not None:
             self.placement.master.refresh_shard(self)
 
@@ -193,10 +237,12 @@ class FlatParam:
 
     def write_shard(self, lo: int, values: torch.Tensor) -> None:
         """Write `values` (cast to the compute dtype) into the shard from element `lo`."""
+        self.drop_secondary()
         self.placement.shard.write(self, lo, values)
 
     def copy_into_shard(self, lo: int, values: torch.Tensor) -> None:
         """Write `values` into the in-memory shard tensor (placements call this)."""
+        self.drop_secondary()
         self.shard[lo:lo + values.numel()].copy_(values.reshape(-1))
 
     # -- the fp32 master, wherever it lives ----------------------------------------------
@@ -208,6 +254,7 @@ class FlatParam:
     def write_master(self, value: torch.Tensor) -> None:
         """Overwrite the whole fp32 master shard (and, when swapped out, the compute shard
         the store derives from it)."""
+        self.drop_secondary()
         self.placement.master.write(self, value)
 
     def master_nbytes(self) -> int:

@@ -10,6 +10,10 @@ Policy, in order of precedence:
     allows; otherwise it is released;
   * after its backward (input grads done and its grads handed to the reducer) it is
     released; whatever is left is released when backward ends.
+  * hpZ (zero_hpz_partition_size > 1): a unit released after a forward that backward
+    follows keeps its secondary shards, so its next gather (backward's, or a recompute's
+    under activation checkpointing) stays inside the node; every other release drops them
+    (the unit's backward release, the end of backward, an inference forward).
 """
 from __future__ import annotations
 
@@ -48,6 +52,10 @@ class Residency:
     def live_nbytes(self) -> int:
         """Bytes of full parameter buffers gathered (or being gathered) right now."""
         return sum(u.full_nbytes for u in self.units if u.state is not UnitState.SHARDED)
+
+    def secondary_nbytes(self) -> int:
+        """Bytes of hpZ secondary shards held right now."""
+        return sum(u.secondary_nbytes for u in self.units)
 
     def _in_flight_numel(self) -> int:
         return sum(self.numels[u.index] for u in self.units if u.state is UnitState.GATHERING)
@@ -106,7 +114,9 @@ class Residency:
             return
         if self._reused_soon(unit) and self.live_numel() <= self.max_live_numel:
             return
-        unit.release()
+        unit.release(keep_secondary=True)
+        self.stats.current.peak_secondary_bytes = max(self.stats.current.peak_secondary_bytes,
+                                                      self.secondary_nbytes())
 
     def _reused_soon(self, unit: Unit) -> bool:
         """Is `unit` needed again within max_reuse_distance elements of other units?"""

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer
+from zerolite.comm.topology import SecondaryGroup
 from zerolite.config.zero_blocks import DEFAULT_LEAF_MODULE_CLASSES
 from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.buffer_pool import BufferPool
@@ -140,7 +141,10 @@ class ShardedModel:
                  options: ShardingOptions | None = None, unit_policy: UnitPolicy | None = None,
                  reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None,
                  device_layer=None, plan: PlacementPlan = ON_DEVICE,
-                 master_dtype: torch.dtype = torch.float32):
+                 master_dtype: torch.dtype = torch.float32,
+                 secondary: SecondaryGroup | None = None):
+        """`secondary`: this rank's hpZ group (stage 3, zero_hpz_partition_size > 1), the
+        same one the gatherer gathers secondary shards over; None = no hpZ."""
         options = options or ShardingOptions()
         self.module = module
         self.options = options
@@ -153,6 +157,7 @@ class ShardedModel:
         self.state = TrainingState.IDLE
         self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
+        self.secondary = secondary
         self.compute_dtype = compute_dtype
         self.master_dtype = master_dtype
         """dtype of the masters and their gradient shards (fp32, or bf16 masters)."""
@@ -233,9 +238,12 @@ class ShardedModel:
                  for ui, unit_buckets in enumerate(buckets)
                  for pos, ((group, requires_grad), items) in enumerate(unit_buckets)]
         placements = iter(self.plan.place_all(specs))
+        hpz = self.secondary
         return [[FlatParam(items, rank=self.rank, partitions=self.partitions,
                            compute_dtype=self.compute_dtype, group_index=group, pool=self.pool,
-                           placement=next(placements), master_dtype=self.master_dtype)
+                           placement=next(placements), master_dtype=self.master_dtype,
+                           secondary_partitions=hpz.size if hpz else 1,
+                           secondary_rank=hpz.position if hpz else 0)
                  for (group, _), items in unit_buckets] for unit_buckets in buckets]
 
     # -- queries -----------------------------------------------------------------------
@@ -252,6 +260,10 @@ class ShardedModel:
 
     def gathered_nbytes(self) -> int:
         return self.residency.live_nbytes()
+
+    def secondary_nbytes(self) -> int:
+        """hpZ secondary shards held now (between a unit's forward and its backward)."""
+        return self.residency.secondary_nbytes()
 
     # -- saved tensors ------------------------------------------------------------------
     @contextmanager

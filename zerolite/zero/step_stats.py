@@ -15,7 +15,15 @@ peak_live_bytes   most full-parameter bytes gathered at once
 reduce_bytes / all_gather_bytes  bytes this rank handed to the gradient-reduce / parameter-
                   gather collectives for other ranks in the step (the reducer's and gatherer's
                   `bytes_sent`, filled by the engine): measured from the tensors sent, so
-                  compression (qgZ, top-k sparse gradients) shows as it is
+                  compression (qgZ, top-k sparse gradients) shows as it is; all_gather_bytes
+                  includes hpZ's gathers from secondary shards
+secondary_gather_bytes  the part of all_gather_bytes gathered from hpZ secondary shards,
+                  inside this rank's hpZ group (one node)
+inter_node_bytes  the part of reduce_bytes + all_gather_bytes addressed to ranks on other
+                  nodes (comm/wire_count.py: by destination; 0 on one node)
+bytes_by_collective / inter_node_bytes_by_collective  the same per collective label
+                  ("all_gather", "secondary_all_gather", "all_to_all", "reduce_scatter", ...)
+peak_secondary_bytes  most hpZ secondary-shard bytes held at once
 compute_s         forward + backward time of the step minus the exposed waits above
                   (filled by the engine at the optimizer step)
 """
@@ -42,6 +50,11 @@ class StepStats:
     reduce_stream_s: float = 0.0
     reduce_bytes: int = 0
     all_gather_bytes: int = 0
+    secondary_gather_bytes: int = 0
+    inter_node_bytes: int = 0
+    bytes_by_collective: dict = field(default_factory=dict)
+    inter_node_bytes_by_collective: dict = field(default_factory=dict)
+    peak_secondary_bytes: int = 0
     events: list = field(default_factory=list)
     """(lane, name, start_s, end_s) when tracing is on."""
 

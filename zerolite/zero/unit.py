@@ -123,15 +123,31 @@ class Unit:
             flat.use_full_views()
         self._move(UnitState.GATHERED)
 
-    def release(self) -> None:
+    def release(self, keep_secondary: bool = False) -> None:
+        """Give the full buffers back. `keep_secondary` (hpZ, after a forward whose backward
+        will gather the unit again): each flat keeps its secondary shard first; otherwise
+        the secondary shards are dropped (flat_param.py, [Note: hpZ secondary shard])."""
+        if not keep_secondary:
+            self.drop_secondary()
         if self.state is UnitState.SHARDED:
             return
         if self.state is UnitState.GATHERING:
             self.wait_gathered()
         for flat in self.flats:
+            if keep_secondary:
+                flat.keep_secondary()
             flat.free_full()
         self.plan.after_release(self)
         self._move(UnitState.SHARDED)
+
+    def drop_secondary(self) -> None:
+        for flat in self.flats:
+            flat.drop_secondary()
+
+    @property
+    def secondary_nbytes(self) -> int:
+        """Bytes of hpZ secondary shards this unit holds now."""
+        return sum(f.secondary_nbytes for f in self.flats)
 
     # -- gradients ---------------------------------------------------------------------
     def start_reduce(self, flat: FlatParam, reducer):
