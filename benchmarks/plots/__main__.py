@@ -10,7 +10,7 @@ from benchmarks.plots import save
 from benchmarks.plots.bf16 import bf16_figure
 from benchmarks.plots.offload import offload_capacity_figure
 from benchmarks.plots.peers import peers_figure
-from benchmarks.plots.sparse import sparse_figure
+from benchmarks.plots.sparse import sparse_figure, study_figure
 from benchmarks.plots.timeline import timeline_figure
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -43,6 +43,8 @@ def figures(results: Path = RESULTS):
         yield "bf16_study.png", bf16_figure(load("bf16_study.json"))
     for path in sorted(results.glob("sparse_grads*.json")):
         yield path.stem + ".png", sparse_figure(load(path.name), source=path.name)
+    if (results / "sparse_adam_study.json").exists():
+        yield "sparse_adam_study.png", study_figure(load("sparse_adam_study.json"))
 
 
 def redraw(results: Path = RESULTS, out: Path | None = None) -> list[Path]:

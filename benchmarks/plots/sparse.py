@@ -80,3 +80,49 @@ def sparse_figure(result: dict, source: str = "sparse_grads.json"):
     fig.suptitle(f"Top-k sparsified gradients vs quantized vs dense: {result['model']} GPT, "
                  f"{result['steps']} steps, {result.get('optimizer', 'AdamW')}")
     return fig
+
+
+STUDY_CURVES = ("dense", "ef_1%", "noef_1%", "block_v", "update_ef", "update_ef_ramp")
+
+
+def study_figure(result: dict, source: str = "sparse_adam_study.json"):
+    """benchmarks/sparse_adam_study.py: loss curves of the main variants, and every variant's
+    final loss vs dense against the issue's 3% line."""
+    runs = result["runs"]
+    dense = runs["dense"]["final_loss"]
+    cap = (f"Single-process simulation of the world-2 top-k reduce (per gather unit, per rank) "
+           f"on the make-demo GPT: AdamW lr 3e-3 betas (0.9, 0.95), warmup 20 then linear "
+           f"decay, clipping 1.0, {result['steps']} steps, micro batch {result['micro_batch']} "
+           f"x 128 tokens per rank, same weights and data for every variant. Final loss: mean "
+           f"of the last {result['last']} steps. Bytes: 8 per selected entry over 4 per dense "
+           f"element. Command: {result.get('command', '')}. Data: {source}.")
+    fig, axes = figure(13, 5.2, cap, ncols=2)
+    ax = axes[0, 0]
+    width = max(1, result["steps"] // 30)
+    for name in [n for n in STUDY_CURVES if n in runs]:
+        r = runs[name]
+        ax.plot(np.arange(1, len(r["losses"]) + 1), _smooth(r["losses"], width),
+                lw=1.4 if name == "dense" else 1.0, color="#000000" if name == "dense" else None,
+                label=f"{r['label']}: {r['final_loss']:.3f}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"training loss (cross-entropy; {width}-step moving average)")
+    ax.set_title("Loss, main variants (top-k 1%)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax = axes[0, 1]
+    names = [n for n in runs if n != "dense"]
+    gap = [100 * (runs[n]["final_loss"] / dense - 1) for n in names]
+    y = np.arange(len(names))
+    ax.barh(y, gap, color=["#2ca02c" if g <= 3 else "#ff7f0e" for g in gap])
+    for yi, n, g in zip(y, names, gap):
+        ax.annotate(f"{g:+.1f}%, {runs[n]['bytes_vs_dense']:.3f}x bytes", (max(g, 0), yi),
+                    va="center", fontsize=6, xytext=(2, 0), textcoords="offset points")
+    ax.axvline(3, color="#d62728", ls="--", lw=1, label="issue 27's target: +3%")
+    ax.set_yticks(y, [runs[n]["label"] for n in names], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("final loss vs dense AdamW (%)")
+    ax.set_title("Every variant: final loss vs dense; label: bytes vs dense")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3, axis="x")
+    fig.suptitle("Top-k 1% under AdamW: what was tried (simulation, demo GPT)")
+    return fig
