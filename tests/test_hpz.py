@@ -246,6 +246,31 @@ def test_with_quantized_weights_and_gradients():
     assert stats.inter_node_bytes < without[2].inter_node_bytes
 
 
+# -- (6) bf16 master weights ------------------------------------------------------------------
+def _train_bf16_masters(rank, world, hpz):
+    cfg = _config(hpz)
+    cfg["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True,
+                   "bf16_optimizer_states": True}
+    cfg["zerolite"] = {"master_rounding": "kahan"}
+    engine, *_ = zerolite.initialize(model=tiny_gpt(), config=cfg)
+    losses = train_engine(engine, batches(STEPS), rank, world)
+    return losses, gather_full_state_dict(engine.sharded), engine.last_step_stats
+
+
+def test_with_bf16_master_weights():
+    """bf16 masters + states (a bf16 master IS the bf16 shard) with hpZ: the secondary
+    shards are bf16 slices of the forward's gathered weights, so the run equals the same run
+    without hpZ bit for bit, and the backward gathers move bf16 (2 bytes per element)."""
+    with_hpz, without = (_on_nodes(_train_bf16_masters, h)[0] for h in (HPZ, 1))
+    assert with_hpz[0] == without[0]
+    for name, value in without[1].items():
+        assert value.dtype == torch.bfloat16, name
+        assert torch.equal(with_hpz[1][name], value), name
+    block = 12 * TINY.d_model ** 2 + 13 * TINY.d_model
+    assert with_hpz[2].secondary_gather_bytes == 2 * TINY.n_layer * (block // 2) * 2
+    assert with_hpz[2].inter_node_bytes < without[2].inter_node_bytes
+
+
 # -- GatheredParameters --------------------------------------------------------------------
 def _modify_between_forward_and_backward(rank, world):
     """After the forward (the blocks hold secondary shards), rank 0 sets block 0's first
