@@ -14,7 +14,7 @@ from benchmarks.plots.__main__ import RESULTS, figures, redraw  # noqa: E402
 from benchmarks.plots.timeline import timeline_figure, trace_from_events  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-UNITS = ("(s", "seconds", "MiB", "(ms)", "millions", "loss units")
+UNITS = ("(s", "seconds", "MiB", "(ms)", "millions", "loss units", "nats", "bytes", "(%)")
 
 
 def _texts(fig) -> list[str]:
@@ -56,6 +56,8 @@ def test_every_saved_result_is_drawn_with_title_axes_units_legend_caption(tmp_pa
     expected = {p.stem + ".png" for p in RESULTS.glob("peers*.json")}
     expected |= {p.stem + ".png" for p in RESULTS.glob("timeline*.json")}
     expected |= {p.stem + ".png" for p in RESULTS.glob("sparse_grads*.json")}
+    expected |= {p.stem + ".png" for p in RESULTS.glob("bf16_masters*.json")}
+    expected |= {"sparse_adam_study.png"} & {p.stem + ".png" for p in RESULTS.glob("*.json")}
     expected |= {"offload_capacity.png", "bf16_study.png"}
     assert set(drawn) == expected
     assert {"peers_small.png", "timeline_prefetch_on.png"} <= expected

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from benchmarks.plots import save
 from benchmarks.plots.bf16 import bf16_figure
+from benchmarks.plots.masters import masters_figure
 from benchmarks.plots.offload import offload_capacity_figure
 from benchmarks.plots.peers import peers_figure
 from benchmarks.plots.sparse import sparse_figure, study_figure
@@ -45,6 +46,8 @@ def figures(results: Path = RESULTS):
         yield path.stem + ".png", sparse_figure(load(path.name), source=path.name)
     if (results / "sparse_adam_study.json").exists():
         yield "sparse_adam_study.png", study_figure(load("sparse_adam_study.json"))
+    for path in sorted(results.glob("bf16_masters*.json")):
+        yield path.stem + ".png", masters_figure(load(path.name), source=path.name)
 
 
 def redraw(results: Path = RESULTS, out: Path | None = None) -> list[Path]:

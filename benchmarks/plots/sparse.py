@@ -95,7 +95,8 @@ def study_figure(result: dict, source: str = "sparse_adam_study.json"):
            f"decay, clipping 1.0, {result['steps']} steps, micro batch {result['micro_batch']} "
            f"x 128 tokens per rank, same weights and data for every variant. Final loss: mean "
            f"of the last {result['last']} steps. Bytes: 8 per selected entry over 4 per dense "
-           f"element. Command: {result.get('command', '')}. Data: {source}.")
+           f"element. Losses only, no timings: the machine does not change them. "
+           f"Command: {result.get('command', '')}. Data: {source}.")
     fig, axes = figure(13, 5.2, cap, ncols=2)
     ax = axes[0, 0]
     width = max(1, result["steps"] // 30)
@@ -105,7 +106,7 @@ def study_figure(result: dict, source: str = "sparse_adam_study.json"):
                 lw=1.4 if name == "dense" else 1.0, color="#000000" if name == "dense" else None,
                 label=f"{r['label']}: {r['final_loss']:.3f}")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"training loss (cross-entropy; {width}-step moving average)")
+    ax.set_ylabel(f"training loss (cross-entropy, nats; {width}-step moving average)")
     ax.set_title("Loss, main variants (top-k 1%)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -120,6 +121,7 @@ def study_figure(result: dict, source: str = "sparse_adam_study.json"):
     ax.axvline(3, color="#d62728", ls="--", lw=1, label="issue 27's target: +3%")
     ax.set_yticks(y, [runs[n]["label"] for n in names], fontsize=6)
     ax.invert_yaxis()
+    ax.set_ylabel("variant (top-k 1%)")
     ax.set_xlabel("final loss vs dense AdamW (%)")
     ax.set_title("Every variant: final loss vs dense; label: bytes vs dense")
     ax.legend(fontsize=7, loc="lower right")
