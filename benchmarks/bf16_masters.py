@@ -5,7 +5,7 @@ zerolite.master_rounding, from the same initial weights on the same batches.
     python benchmarks/bf16_masters.py --model demo --steps 300      # the `make demo` GPT
     python benchmarks/bf16_masters.py --model 20M --steps 120 --micro 4
 
-Variants (ZeRO-3, world 2 on gloo/CPU, the demo's config: AdamW lr 3e-3, betas (0.9, 0.95),
+Variants (ZeRO-3, world 2 on gloo/CPU, the demo's config: AdamW lr 3e-3 (--lr), betas (0.9, 0.95),
 weight decay 0.1, warmup-decay to 0 over the run, clipping 1.0):
   fp32        fp32 training (the masters are the fp32 params)
   bf16        bf16 compute with fp32 masters and fp32 moments (DeepSpeed's default bf16)
@@ -41,9 +41,11 @@ from zerolite.testing.multiprocess import run_ranks  # noqa: E402
 VARIANTS = ("fp32", "bf16", "nearest", "kahan", "stochastic")
 
 
-def config(variant: str, steps: int, micro: int) -> dict:
+def config(variant: str, steps: int, micro: int, lr: float | None = None) -> dict:
     cfg = json.loads((ROOT / "configs" / "demo_zero3_cpu.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = micro
+    if lr is not None:
+        cfg["optimizer"]["params"]["lr"] = cfg["scheduler"]["params"]["warmup_max_lr"] = lr
     cfg["scheduler"]["params"]["total_num_steps"] = steps
     cfg["scheduler"]["params"]["warmup_num_steps"] = max(1, min(20, steps // 10))
     cfg["steps_per_print"] = 10 ** 6
@@ -55,7 +57,7 @@ def config(variant: str, steps: int, micro: int) -> dict:
     return cfg
 
 
-def _train(rank, world, model_name, variant, steps, micro):
+def _train(rank, world, model_name, variant, steps, micro, lr):
     import zerolite
 
     torch.manual_seed(0)
@@ -64,7 +66,7 @@ def _train(rank, world, model_name, variant, steps, micro):
     num_params = sum(p.numel() for p in model.parameters())
     data = ByteWindows(stdlib_bytes(), cfg.seq_len, num_windows=steps * world * micro)
     engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(),
-                                     config=config(variant, steps, micro))
+                                     config=config(variant, steps, micro, lr))
     losses, times, state = [], [], None
     for step in range(steps):
         lo = (step * world + rank) * micro
@@ -110,25 +112,29 @@ def main(argv=None) -> int:
     ap.add_argument("--micro", type=int, default=8, help="micro batch per rank")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="peak learning rate (default: the demo config's 3e-3)")
     ap.add_argument("--last", type=int, default=20, help="final loss = mean of the last N steps")
     ap.add_argument("--append", action="store_true", help="add to the runs already in --out")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or ROOT / "benchmarks" / "results" / f"bf16_masters_{args.model}.json"
     result = {"model": args.model, "num_params": None, "steps": args.steps, "world": args.world,
-              "micro_batch": args.micro, "stage": 3, "last": args.last, "machine": machine(),
+              "micro_batch": args.micro, "stage": 3,
+              "lr": config("fp32", args.steps, args.micro, args.lr)["optimizer"]["params"]["lr"],
+              "last": args.last, "machine": machine(),
               "command": "python benchmarks/bf16_masters.py "
               + " ".join(argv if argv is not None else sys.argv[1:]), "runs": {}}
     if args.append and out.exists():
         old = json.loads(out.read_text())
-        if (old["model"], old["steps"], old["world"], old["micro_batch"]) != (
-                args.model, args.steps, args.world, args.micro):
+        if (old["model"], old["steps"], old["world"], old["micro_batch"], old.get("lr", 3e-3)) \
+                != (args.model, args.steps, args.world, args.micro, result["lr"]):
             ap.error(f"--append: {out} is another workload")
         result["runs"], result["command"] = old["runs"], old["command"] + " ; " + result["command"]
     for variant in args.variants:
         t0 = time.perf_counter()
         r = run_ranks(_train, args.world, args.model, variant, args.steps, args.micro,
-                      timeout_s=3600)[0]
+                      args.lr, timeout_s=3600)[0]
         result["num_params"] = r.pop("num_params")
         result["runs"][variant] = r
         result["summary"] = summarize(result["runs"], args.last)

@@ -22,8 +22,8 @@ def masters_figure(result: dict, source: str = "bf16_masters.json"):
     m = result.get("machine") or {}
     caption = (f"{result['model']} GPT ({(result.get('num_params') or 0) / 1e6:.2f}M params), "
                f"ZeRO-3, world {result['world']} on gloo/CPU, micro batch "
-               f"{result['micro_batch']} x seq 128 per rank, {result['steps']} steps, AdamW lr "
-               "3e-3 with the demo's warmup-decay-to-0 schedule, clipping 1.0, same weights "
+               f"{result['micro_batch']} x seq 128 per rank, {result['steps']} steps, AdamW peak lr "
+               f"{result.get('lr', 3e-3):g} with the demo's warmup-decay-to-0 schedule, clipping 1.0, same weights "
                f"and batches for every variant. Final loss: mean of the last {result['last']} "
                "steps. Bytes: params + gradient shards + masters + optimizer state from "
                "engine.memory_stats(), all ranks, at the last accumulation boundary. Machine: "
