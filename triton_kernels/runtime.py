@@ -5,6 +5,13 @@ Triton reads TRITON_INTERPRET when a kernel is *defined* (`@triton.jit` at impor
 `quantize_triton`), so the choice is made once per process, before triton is imported.
 [Note: never interpret on a GPU] A test session that set TRITON_INTERPRET=1 on a CUDA
 machine would compare the interpreter with the twins and compile nothing; we refuse it.
+
+[Note: the interpreter's fma] A GPU's `tl.fma` rounds once. Triton's interpreter up to 3.6
+computes it as a multiply and then an add, rounding twice (3.9's rounds once), so a kernel
+interpreted there differs from the same kernel compiled wherever the fma's exact result is
+not an fp32 value. Where the installed interpreter rounds twice, `use_interpreter_if_no_cuda`
+gives it a single-rounding fp32 fma (the twins' `fma32`), so the interpreter computes what
+the compiled kernel does, on every triton the project supports.
 """
 from __future__ import annotations
 
@@ -36,4 +43,37 @@ def use_interpreter_if_no_cuda() -> bool:
                                "kernels are already defined for a GPU this machine does not "
                                "have")
     os.environ["TRITON_INTERPRET"] = "1"
+    _round_interpreter_fma_once()
     return True
+
+
+def _round_interpreter_fma_once() -> None:
+    """The Note above: replace a twice-rounding interpreter fma for fp32 operands."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    from triton_kernels.adamw_ref import fma32
+
+    builder, handle = interpreter.InterpreterBuilder, interpreter.TensorHandle
+    original = builder.create_fma
+    if getattr(original, "_rounds_once", False):
+        return
+    import triton.language as tl
+
+    one_ulp = np.float32(1 + 2 ** -12)  # (1 + 2^-12)^2 - (1 + 2^-11) = 2^-24 exactly
+    probe = original(None, *(handle(np.array([x], np.float32), tl.float32)
+                             for x in (one_ulp, one_ulp, -(1 + 2 ** -11))))
+    if probe.data[0] == np.float32(2 ** -24):
+        return
+
+    def create_fma(self, x, y, z):
+        if z.data.dtype != np.float32:
+            return original(self, x, y, z)
+        a, b, c = (torch.from_numpy(np.ascontiguousarray(t, np.float32).reshape(-1))
+                   for t in np.broadcast_arrays(x.data, y.data, z.data))
+        out = fma32(a, b, c).numpy().reshape(np.broadcast_shapes(
+            np.shape(x.data), np.shape(y.data), np.shape(z.data)))
+        return handle(out, z.dtype.scalar)
+
+    create_fma._rounds_once = True
+    builder.create_fma = create_fma
