@@ -15,7 +15,7 @@ from .offload import OffloadOptimizerConfig, OffloadParamConfig
 from .zero_blocks import DEFAULT_LEAF_MODULE_CLASSES, parse_leaf_module, parse_offload  # noqa: F401
 
 
-MASTER_ROUNDINGS = ("kahan", "stochastic", "nearest")
+MASTER_ROUNDINGS = ("stochastic", "kahan", "nearest")
 """zerolite.master_rounding's values (the bf16 master update's rounding)."""
 
 
@@ -346,12 +346,14 @@ class ZeroliteExtrasConfig(Section):
     sparse_gradients: SparseGradientsConfig | None = None
     """Top-k sparsified gradients with error feedback ({ratio, error_feedback, warmup_steps};
     stages 2-3, not with zero_quantized_gradients); null = exact (dense) reduction."""
-    master_rounding: str = "kahan"
+    master_rounding: str = "stochastic"
     """How an optimizer step stores bf16 master weights (bf16.bf16_master_weights_and_grads,
-    config-built Adam/AdamW): "kahan" (a bf16 compensation buffer carries the bits each
-    rounding drops into the next step; 2 more bytes per parameter), "stochastic" (rounds up
-    or down with probability by distance; no extra memory), or "nearest" (what DeepSpeed
-    does: small updates below half a bf16 ulp of the weight are lost)."""
+    config-built Adam/AdamW): "stochastic" (rounds up or down with probability by distance;
+    no extra memory), "kahan" (a bf16 compensation buffer carries the bits each rounding
+    drops into the next step; 2 more bytes per parameter), or "nearest" (what DeepSpeed
+    does: updates below half a bf16 ulp of the weight are lost). The default is the one
+    that measured best (docs/precision.md): as close to fp32 masters as kahan, at
+    DeepSpeed's bytes."""
     reduce_once_per_step: bool = False
     """With gradient accumulation at stages 2-3: keep full fp32 gradients across micro-steps
     and reduce-scatter once per optimizer step instead of every micro-step (FSDP2's

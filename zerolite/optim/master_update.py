@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from zerolite.config.sections import MASTER_ROUNDINGS as ROUNDINGS
 from zerolite.errors import ZeroliteConfigError
 
-ROUNDINGS = ("kahan", "stochastic", "nearest")
 COMPENSATION = "master_compensation"
 
 
