@@ -41,7 +41,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TEST_FILES = ["tests/test_cuda_path.py", "tests/test_device_layer.py",
-              "tests/test_quant_kernels.py", "tests/test_topk_kernels.py", "tests/test_adamw_kernels.py",
+              "tests/test_quant_kernels.py", "tests/test_topk_kernels.py",
+              "tests/test_adamw_kernels.py",
               "tests/test_offload_cpu.py::test_cpu_offload_on_cuda_matches_no_offload"]
 """The `cuda`-marked tests (every one: `pytest -m cuda --collect-only` lists them) and the
 kernel tests, which compile on CUDA; the rest of the suite runs on CPU in CI."""
@@ -55,9 +56,9 @@ def phases(out: str, dry: bool) -> list[tuple[str, list[str], int]]:
     peers = [py, "benchmarks/gpu_peers.py", "--out", f"{out}/peers.json"]
     if dry:
         tests.append("--collect-only")
+        peers.append("--dry-run")
     elif importlib.util.find_spec("xdist"):
         tests += ["-n", "4"]
-        peers.append("--dry-run")
     return [
         ("kernels", [py, "benchmarks/kernel_bandwidth.py", "--out", f"{out}/kernels.json"], 45),
         ("peers", peers, 240),

@@ -76,6 +76,15 @@ def test_run_fits_in_nine_minutes_and_the_deadline_cuts_later_phases(tmp_path, m
     assert summary["phases"][2]["rc"] == "not run: deadline" and rc == 1
 
 
+def test_only_the_dry_run_gives_its_phases_the_cpu_sizes(tmp_path):
+    """On the GPU every phase measures the real sizes; the dry run gives the peers phase its
+    tiny CPU model and lists the tests without running them."""
+    real = dict((name, cmd) for name, cmd, _ in gpu_check.phases(str(tmp_path), dry=False))
+    dry = dict((name, cmd) for name, cmd, _ in gpu_check.phases(str(tmp_path), dry=True))
+    assert "--dry-run" not in real["peers"] and "--dry-run" in dry["peers"]
+    assert "--collect-only" not in real["tests"] and "--collect-only" in dry["tests"]
+
+
 def test_phase_timeout_and_failure_are_reported(tmp_path):
     slow = gpu_check.run_phase("slow", [sys.executable, "-c", "import time; time.sleep(30)"],
                                1, str(tmp_path))
