@@ -16,7 +16,7 @@ from benchmarks.plots.timeline import timeline_figure
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 OFFLOAD_CAPACITY = ("offload_capacity.json", "offload_capacity_nvme_param.json",
-                    "offload_capacity_reuse0.json")
+                    "offload_capacity_reuse0.json", "offload_capacity_precision.json")
 _OLD = "Superseded: measured with glibc's mmap threshold pinned for every engine. "
 PEERS_NOTES = {  # what the JSON does not say about the run, for the caption
     "peers_matrix_20M.json": "Ran while five other jobs shared the 2 cores (load average "
