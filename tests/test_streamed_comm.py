@@ -48,3 +48,19 @@ def test_every_side_result_is_waited_for(quantized):
         assert gathers > 0 and reduces > 0
         assert gather_waits == gathers and reduce_waits == reduces
         assert side_waits == {"compute"}  # side streams only ever wait for compute
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["exact", "qwz"])
+def test_gatherer_is_built_on_the_layers_gather_communicator(quantized):
+    """On NCCL the layer's gathers have a communicator of their own (device/__init__.py); the
+    gatherer gets it when it is built, whichever gather the config asks for."""
+    from zerolite.comm.build import build_param_gatherer
+    from zerolite.config import load_config
+
+    cfg = ds_config(2)
+    cfg["zero_optimization"]["zero_quantized_weights"] = quantized
+    layer = DeviceLayer(torch.device("cpu"))
+    layer.gather.group = sentinel = object()
+    streamed = build_param_gatherer(load_config(cfg, 2), layer)
+    assert streamed.inner.group is sentinel
+    assert build_param_gatherer(load_config(cfg, 2)).group is None

@@ -49,12 +49,10 @@ def build_param_gatherer(config, layer=None, wire=None, secondary=None):
     `zero_optimization.zero_quantized_weights` is on; with a device layer, on its all-gather
     stream and communicator. `secondary`: this rank's hpZ group (comm/topology.py), over
     which flats holding a secondary shard are gathered, exactly in both cases."""
+    group = None if layer is None else layer.gather.group
     if config.zero_optimization.zero_quantized_weights:
         gatherer = QuantizedParamGatherer(bits=8, block_size=config.zerolite.quantized_block_size,
-                                          wire=wire, secondary=secondary)
+                                          wire=wire, secondary=secondary, group=group)
     else:
-        gatherer = ParamGatherer(wire=wire, secondary=secondary)
-    if layer is None:
-        return gatherer
-    gatherer.group = layer.gather.group
-    return StreamedGatherer(gatherer, layer)
+        gatherer = ParamGatherer(wire=wire, secondary=secondary, group=group)
+    return gatherer if layer is None else StreamedGatherer(gatherer, layer)

@@ -175,8 +175,9 @@ class QuantizedParamGatherer(ParamGatherer):
     weights) into `flat.full`. Stage 0 (`partitions == 1`) copies exactly.
     """
 
-    def __init__(self, bits: int = 8, block_size: int = 256, wire=None, secondary=None):
-        super().__init__(wire=wire, secondary=secondary)
+    def __init__(self, bits: int = 8, block_size: int = 256, wire=None, secondary=None,
+                 group=None):
+        super().__init__(wire=wire, secondary=secondary, group=group)
         check_args(bits, block_size)
         self.bits, self.block_size = bits, block_size
 

@@ -125,12 +125,13 @@ class ParamGatherer:
     this rank's hpZ group (`secondary`: inside one node; zero/flat_param.py says when a
     flat holds one)."""
 
-    def __init__(self, wire: WireCounter | None = None, secondary: SecondaryGroup | None = None):
+    def __init__(self, wire: WireCounter | None = None, secondary: SecondaryGroup | None = None,
+                 group=None):
         self.wire = wire if wire is not None else WireCounter()
         self.secondary = secondary
-        self.group = None
+        self.group = group
         """Process group of the gathers over every rank (the device layer's gather
-        communicator on NCCL)."""
+        communicator on NCCL; None = the default group)."""
 
     @property
     def bytes_sent(self) -> Counter:
