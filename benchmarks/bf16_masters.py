@@ -33,7 +33,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.sparse_grads import MODELS, machine  # noqa: E402
+from benchmarks.sparse_grads import MODELS, add_workload_args, machine  # noqa: E402
 from zerolite.models import GPT  # noqa: E402
 from zerolite.models.byte_data import ByteWindows, stdlib_bytes  # noqa: E402
 from zerolite.testing.multiprocess import run_ranks  # noqa: E402
@@ -107,10 +107,7 @@ def summarize(runs: dict, last: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=list(MODELS), default="demo")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--micro", type=int, default=8, help="micro batch per rank")
-    ap.add_argument("--world", type=int, default=2)
+    add_workload_args(ap)
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--lr", type=float, default=None,
                     help="peak learning rate (default: the demo config's 3e-3)")

@@ -127,12 +127,17 @@ def summarize(runs: dict, last: int) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_args(ap: argparse.ArgumentParser) -> None:
+    """The flags that name a training workload (shared with benchmarks/bf16_masters.py)."""
     ap.add_argument("--model", choices=list(MODELS), default="demo")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--micro", type=int, default=8, help="micro batch per rank")
     ap.add_argument("--world", type=int, default=2)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_args(ap)
     ap.add_argument("--variants", nargs="*", default=DEFAULT, choices=list(VARIANTS))
     ap.add_argument("--append", action="store_true",
                     help="add to the runs already in --out (same model, steps and world)")
