@@ -13,6 +13,12 @@ final norm; one unit per block), k = ceil(ratio x unit numel) per rank, as comm/
 Checked against the engine: dense 2.179 (engine 2.198), top-k 1% + EF 2.953 (engine 2.939),
 without EF 2.590 (engine 2.613); the gaps to dense agree within 2 points.
 
+Also tried: selection among DCT coefficients of 64- or 128-element chunks (DeMo's change of
+basis; the transmitted coefficients decode to a dense update), and DeMo's owner rule (the
+residual is a decayed sum of lr x gradient; the owner moves every coordinate by lr x sign of
+the decoded average). `--steps 1000 --out ..._1000.json` checks whether a longer run closes
+the gap.
+
 Bytes: 8 per entry a rank selects over 4 per dense element (the engine counts only entries
 leaving the rank, so its figures are a little lower); dense steps count 1.
 Results: benchmarks/results/sparse_adam_study.json and .png.
@@ -59,16 +65,72 @@ VARIANTS = {  # name -> (label, options); options default to DEFAULTS
                                                  "ef": False}),
     "precond_ef": ("EF on g / sqrt(local v); owner: momentum", {"mode": "precond",
                                                               "sender_clip": 1.0}),
+    "dct_ef": ("EF on gradients, top-k of 64-chunk DCT coefficients", {"basis": 64}),
+    "sign_ef": ("DeMo-like: EF on decayed lr x grad; owner: lr x sign", {"mode": "sign"}),
+    "sign_dct": ("DeMo-like, 1 of each 128-chunk's DCT coefficients (0.78%)",
+                 {"mode": "sign", "basis": 128, "ratio": 1 / 128, "per_chunk": True}),
+    "sign_dct2": ("DeMo-like, 2 of each 128-chunk's DCT coefficients (1.56%)",
+                  {"mode": "sign", "basis": 128, "ratio": 2 / 128, "per_chunk": True}),
+    "ef_10%": ("top-k 10% + EF (the engine's)", {"ratio": 0.1}),
+    "update_ef_10%": ("EF on the local AdamW update at 10%", {"mode": "update",
+                                                            "sender_clip": 1.0, "ratio": 0.1}),
 }
 DEFAULTS = dict(sparse=True, ratio=0.01, ef=True, leak=1.0, v="adam", warmup=0, score="mag",
                 dgc_momentum=0.0, ramp=(), residual_clip=0.0, sender_clip=0.0,
-                lr_residual=False, mode="grad")
+                lr_residual=False, mode="grad", basis=0, per_chunk=False, decay=0.999)
 B1, B2, EPS, WD, LR, CLIP, WARMUP, WORLD, MICRO, BLOCK = (0.9, 0.95, 1e-8, 0.1, 3e-3, 1.0, 20,
                                                           2, 8, 128)
 
 
 def lr_at(step: int, steps: int) -> float:
     return LR * (step / WARMUP if step < WARMUP else max(0.0, (steps - step) / (steps - WARMUP)))
+
+
+def dct_matrix(n: int) -> torch.Tensor:
+    """Orthonormal DCT-II of size n (rows: frequencies): coefficients = D @ x, x = D.T @ c."""
+    freq = torch.arange(n, dtype=torch.float64)[:, None]
+    pos = torch.arange(n, dtype=torch.float64)[None, :]
+    d = torch.cos(math.pi / n * (pos + 0.5) * freq) * math.sqrt(2.0 / n)
+    d[0] /= math.sqrt(2.0)
+    return d.float()
+
+
+class ChunkDCT:
+    """Each parameter's flat elements in consecutive chunks of `size` (the largest divisor of
+    its numel not above `size`), each chunk replaced by its DCT coefficients: an orthogonal,
+    numel-preserving change of basis (DeMo's 1-D transform), so units keep their bounds."""
+
+    def __init__(self, numels: list[int], size: int):
+        self.chunks = [max(d for d in range(1, min(n, size) + 1) if n % d == 0) for n in numels]
+        self.numels = numels
+        self.mats = {c: dct_matrix(c) for c in set(self.chunks)}
+        ids, base = [], 0
+        for n, c in zip(numels, self.chunks):
+            ids.append(base + torch.arange(n) // c)
+            base += n // c
+        self.chunk_id = torch.cat(ids)
+
+    def _apply(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
+        out = [seg.view(-1, c) @ (self.mats[c] if inverse else self.mats[c].T)
+               for seg, c in zip(x.split(self.numels), self.chunks)]
+        return torch.cat([o.reshape(-1) for o in out])
+
+    def encode(self, x):
+        return self._apply(x, False)
+
+    def decode(self, x):
+        return self._apply(x, True)
+
+    def top_per_chunk(self, acc: torch.Tensor, ratio: float) -> torch.Tensor:
+        """Mask of the ceil(ratio x chunk) largest |acc| of every chunk."""
+        sizes = torch.bincount(self.chunk_id)
+        quota = (sizes.double() * ratio).ceil().long().clamp(min=1)
+        order = torch.argsort(acc.abs(), descending=True, stable=True)
+        order = order[torch.argsort(self.chunk_id[order], stable=True)]
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel()) - (torch.cumsum(sizes, 0) - sizes)[
+            self.chunk_id[order]]
+        return rank < quota[self.chunk_id]
 
 
 def run(opts: dict, steps: int) -> dict:
@@ -85,6 +147,7 @@ def run(opts: dict, steps: int) -> dict:
         bounds.append(bounds[-1] + sum(p.numel() for p in u))
     n = bounds[-1]
     theta = torch.cat([p.detach().reshape(-1) for p in plist])
+    dct = ChunkDCT([p.numel() for p in plist], o["basis"]) if o["basis"] else None
     z = lambda: torch.zeros(n)  # noqa: E731
     m, v, age = z(), z(), torch.ones(n)
     res, vel, lm, lv = ([z() for _ in range(WORLD)] for _ in range(4))
@@ -125,9 +188,14 @@ def run(opts: dict, steps: int) -> dict:
                 elif o["mode"] == "precond":
                     lv[r].mul_(B2).addcmul_(gr, gr, value=1 - B2)
                     gr = gr / ((lv[r] / (1 - B2 ** t)).sqrt() + EPS)
+                if dct is not None:
+                    gr = dct.encode(gr)
                 if o["dgc_momentum"]:
                     gr = vel[r].mul_(o["dgc_momentum"]).add_(gr)
-                acc = res[r] + gr if o["ef"] else gr.clone()
+                if o["mode"] == "sign":  # DeMo: the residual is a decayed sum of lr x grad
+                    acc = res[r].mul_(o["decay"]).add_(gr, alpha=lr)
+                else:
+                    acc = res[r] + gr if o["ef"] else gr.clone()
                 scale = None
                 if o["score"] == "vlocal":
                     lv[r].mul_(B2).addcmul_(grads[r], grads[r], value=1 - B2)
@@ -135,7 +203,12 @@ def run(opts: dict, steps: int) -> dict:
                 elif o["score"] == "tensor":
                     scale = torch.cat([q.pow(2).mean().sqrt().add(1e-12).expand(q.numel())
                                        for q in grads[r].split([p.numel() for p in plist])])
-                for s, e in zip(bounds[:-1], bounds[1:]):
+                if o["per_chunk"]:
+                    mask = dct.top_per_chunk(acc, ratio) & (acc != 0)
+                    g += torch.where(mask, acc, 0.0)
+                    entries += int(mask.sum())
+                    acc[mask] = 0
+                for s, e in zip(bounds[:-1], bounds[1:]) if not o["per_chunk"] else ():
                     seg = acc[s:e]
                     if o["residual_clip"] and o["ef"]:
                         cap = o["residual_clip"] * gr[s:e].norm()
@@ -143,22 +216,27 @@ def run(opts: dict, steps: int) -> dict:
                             seg.mul_(cap / seg.norm())
                     key = seg.abs() if scale is None else seg.abs() / scale[s:e]
                     k = max(1, math.ceil(ratio * (e - s)))
-                    mask = key >= key.topk(k).values.min()
+                    mask = (key >= key.topk(k).values.min()) & (seg != 0)  # zeros: not sent
                     g[s:e] += torch.where(mask, seg, 0.0)
                     entries += int(mask.sum())
                     seg[mask] = 0
                     if o["dgc_momentum"]:
                         vel[r][s:e][mask] = 0  # momentum factor masking
-                if o["ef"]:
+                if o["ef"] and o["mode"] != "sign":
                     res[r] = acc.mul_(o["leak"])
                     if o["lr_residual"]:
                         nxt = lr_at(step + 1, steps)
                         res[r].mul_(0.0 if nxt == 0 else min(1.0, lr / nxt))
             g /= WORLD
+            if dct is not None:
+                g = dct.decode(g)
             sent = 2 * entries / WORLD / n
         sent_frac.append(sent)
         nz = g != 0
         theta.mul_(1 - lr * WD)
+        if o["mode"] == "sign" and not dense:  # owner: signum on the decoded average
+            theta.add_(g.sign(), alpha=-lr)
+            continue
         if o["mode"] in ("update", "precond") and not dense:
             if o["mode"] == "precond":  # owner: momentum on the preconditioned stream
                 g = m.mul_(B1).add_(g, alpha=1 - B1) / (1 - B1 ** t)
@@ -196,8 +274,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     result = {"steps": args.steps, "last": args.last, "world": WORLD, "micro_batch": MICRO,
-              "command": "python benchmarks/sparse_adam_study.py "
-              + " ".join(argv if argv is not None else sys.argv[1:]), "runs": {}}
+              # every run of a file comes from this command (--variants picks which)
+              "command": "python benchmarks/sparse_adam_study.py"
+              + (f" --steps {args.steps}" if args.steps != 300 else ""), "runs": {}}
     if args.out.exists():  # keep other variants' runs of the same workload
         old = json.loads(args.out.read_text())
         if old.get("steps") == args.steps:

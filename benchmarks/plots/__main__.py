@@ -44,8 +44,8 @@ def figures(results: Path = RESULTS):
         yield "bf16_study.png", bf16_figure(load("bf16_study.json"))
     for path in sorted(results.glob("sparse_grads*.json")):
         yield path.stem + ".png", sparse_figure(load(path.name), source=path.name)
-    if (results / "sparse_adam_study.json").exists():
-        yield "sparse_adam_study.png", study_figure(load("sparse_adam_study.json"))
+    for path in sorted(results.glob("sparse_adam_study*.json")):
+        yield path.stem + ".png", study_figure(load(path.name), source=path.name)
     for path in sorted(results.glob("bf16_masters*.json")):
         yield path.stem + ".png", masters_figure(load(path.name), source=path.name)
 

@@ -82,7 +82,7 @@ def sparse_figure(result: dict, source: str = "sparse_grads.json"):
     return fig
 
 
-STUDY_CURVES = ("dense", "ef_1%", "noef_1%", "block_v", "update_ef", "update_ef_ramp")
+STUDY_CURVES = ("dense", "ef_1%", "noef_1%", "block_v", "update_ef", "update_ef_ramp", "sign_dct2")
 
 
 def study_figure(result: dict, source: str = "sparse_adam_study.json"):
@@ -121,7 +121,7 @@ def study_figure(result: dict, source: str = "sparse_adam_study.json"):
     ax.axvline(3, color="#d62728", ls="--", lw=1, label="issue 27's target: +3%")
     ax.set_yticks(y, [runs[n]["label"] for n in names], fontsize=6)
     ax.invert_yaxis()
-    ax.set_ylabel("variant (top-k 1%)")
+    ax.set_ylabel("variant (top-k 1% unless the label says)")
     ax.set_xlabel("final loss vs dense AdamW (%)")
     ax.set_title("Every variant: final loss vs dense; label: bytes vs dense")
     ax.legend(fontsize=7, loc="lower right")
