@@ -109,6 +109,8 @@ class ChunkDCT:
             ids.append(base + torch.arange(n) // c)
             base += n // c
         self.chunk_id = torch.cat(ids)
+        self.sizes = torch.bincount(self.chunk_id)
+        self.starts = torch.cumsum(self.sizes, 0) - self.sizes
 
     def _apply(self, x: torch.Tensor, inverse: bool) -> torch.Tensor:
         out = [seg.view(-1, c) @ (self.mats[c] if inverse else self.mats[c].T)
@@ -123,13 +125,11 @@ class ChunkDCT:
 
     def top_per_chunk(self, acc: torch.Tensor, ratio: float) -> torch.Tensor:
         """Mask of the ceil(ratio x chunk) largest |acc| of every chunk."""
-        sizes = torch.bincount(self.chunk_id)
-        quota = (sizes.double() * ratio).ceil().long().clamp(min=1)
+        quota = (self.sizes.double() * ratio).ceil().long().clamp(min=1)
         order = torch.argsort(acc.abs(), descending=True, stable=True)
-        order = order[torch.argsort(self.chunk_id[order], stable=True)]
+        order = order[torch.argsort(self.chunk_id[order], stable=True)]  # by chunk, largest first
         rank = torch.empty_like(order)
-        rank[order] = torch.arange(order.numel()) - (torch.cumsum(sizes, 0) - sizes)[
-            self.chunk_id[order]]
+        rank[order] = torch.arange(order.numel()) - self.starts[self.chunk_id[order]]
         return rank < quota[self.chunk_id]
 
 
@@ -148,6 +148,8 @@ def run(opts: dict, steps: int) -> dict:
     n = bounds[-1]
     theta = torch.cat([p.detach().reshape(-1) for p in plist])
     dct = ChunkDCT([p.numel() for p in plist], o["basis"]) if o["basis"] else None
+    # the top-k's segments: one per gather unit, none when every chunk takes its own quota
+    segments = [] if o["per_chunk"] else list(zip(bounds[:-1], bounds[1:]))
     z = lambda: torch.zeros(n)  # noqa: E731
     m, v, age = z(), z(), torch.ones(n)
     res, vel, lm, lv = ([z() for _ in range(WORLD)] for _ in range(4))
@@ -208,7 +210,7 @@ def run(opts: dict, steps: int) -> dict:
                     g += torch.where(mask, acc, 0.0)
                     entries += int(mask.sum())
                     acc[mask] = 0
-                for s, e in zip(bounds[:-1], bounds[1:]) if not o["per_chunk"] else ():
+                for s, e in segments:
                     seg = acc[s:e]
                     if o["residual_clip"] and o["ef"]:
                         cap = o["residual_clip"] * gr[s:e].norm()
