@@ -7,9 +7,11 @@
 
 Rank files hold, per flat buffer `unit{U}/flat{F}`: `.../param` (the fp32 master shard, or
 the compute-dtype shard of an unoptimized flat) and `.../optim/{state}` (optimizer state
-tensors). meta.json holds the layout (every parameter's names, shape, dtype, unit, flat index
-and offset), the world size, engine counters, scheduler / loss-scaler / RNG state, the config,
-versions, client_state and, for every file, its sha256 and size. Each file's safetensors
+tensors), plus the tensors of client_state (`client/{i}`) and, in rank 0's, of the
+scheduler's state (`lr_scheduler/{i}`). meta.json holds the layout (every parameter's names,
+shape, dtype, unit, flat index and offset), the world size, engine counters, scheduler /
+loss-scaler / RNG state, the config, versions, client_state (state_tree.py: JSON trees whose
+tensor nodes point into the rank files) and, for every file, its sha256 and size. Each file's safetensors
 header repeats the save id, tag and rank, so files from two saves are never mixed.
 
 [Note: meta.json is the commit] File names carry the save id, so re-saving a tag never
@@ -31,6 +33,8 @@ from zerolite.checkpoint.st_io import SafetensorsFile, sha256_file
 FORMAT = "zerolite-checkpoint/1"
 META = "meta.json"
 LATEST = "latest"
+CLIENT_PREFIX = "client/"
+SCHED_PREFIX = "lr_scheduler/"
 _TAG_BAD = re.compile(r"[/\\\x00]")
 
 

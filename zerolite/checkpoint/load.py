@@ -16,10 +16,10 @@ import random
 
 import torch
 
-from zerolite.checkpoint import _dist
+from zerolite.checkpoint import _dist, state_tree
 from zerolite.checkpoint.errors import ZeroliteCheckpointError
-from zerolite.checkpoint.format import (CheckpointFiles, flat_key, param_index, read_meta,
-                                        resolve_checkpoint)
+from zerolite.checkpoint.format import (CLIENT_PREFIX, SCHED_PREFIX, CheckpointFiles, flat_key,
+                                        param_index, read_meta, resolve_checkpoint)
 from zerolite.checkpoint.save import persistent_buffers
 from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 from zerolite.optim.master_update import state_entry_dtype
@@ -133,7 +133,13 @@ def load_checkpoint(engine, load_dir, *, tag=None, load_module_strict=True,
                 raise ZeroliteCheckpointError(f"{ckpt}: {diff}")
             files = CheckpointFiles(ckpt, meta)
             plans = _plan(engine, meta, load_module_strict)
-            files.check_all(hash_ranks=_needed_ranks(engine, files, plans))
+            client_src, client_tree = _client_tree(engine, meta)
+            hash_ranks = _needed_ranks(engine, files, plans)
+            if state_tree.has_tensors(client_tree):
+                hash_ranks.add(client_src)
+            if state_tree.has_tensors(meta.get("lr_scheduler")):
+                hash_ranks.add(0)
+            files.check_all(hash_ranks=hash_ranks)
             _check_optimizer(engine, meta, load_optimizer_states and not load_module_only, ckpt)
     except ZeroliteCheckpointError as e:
         err = str(e)
@@ -162,6 +168,10 @@ def load_checkpoint(engine, load_dir, *, tag=None, load_module_strict=True,
                     buf.copy_(bufs[name])
                 elif load_module_strict and name not in bufs:
                     logger.warning("load_checkpoint: buffer %s not in checkpoint", name)
+            client_state = state_tree.decode(
+                client_tree, lambda key: files.read_small(client_src, CLIENT_PREFIX + key))
+            sched_state = state_tree.decode(
+                meta.get("lr_scheduler"), lambda key: files.read_small(0, SCHED_PREFIX + key))
     finally:
         files.close()
     engine.sharded.refresh_params_from_masters()  # collective for stages 0-2
@@ -173,13 +183,27 @@ def load_checkpoint(engine, load_dir, *, tag=None, load_module_strict=True,
         if load_optimizer_states and engine.optimizer is not None and meta["optimizer"]:
             _load_param_groups(engine.optimizer, meta["optimizer"]["param_groups"])
         if (load_lr_scheduler_states and engine.lr_scheduler is not None
-                and meta.get("lr_scheduler") is not None):
-            engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
+                and sched_state is not None):
+            engine.lr_scheduler.load_state_dict(sched_state)
         scaler = getattr(engine, "loss_scaler", None)
         if scaler is not None and meta.get("loss_scaler") is not None:
             scaler.load_state_dict(meta["loss_scaler"])
         _set_rng(meta["rng"], engine.rank)
-    return ckpt, meta.get("client_state")
+    return ckpt, client_state
+
+
+def _client_tree(engine, meta) -> tuple[int, object]:
+    """(the rank whose saved client_state this rank gets, that state's tree). Under stage 3
+    each rank gets its own, as DeepSpeed; a rank the saving run did not have gets rank 0's."""
+    ranks = meta.get("client_state_ranks")
+    if not meta.get("client_state_per_rank") or not ranks:
+        return 0, meta.get("client_state")
+    src = engine.rank if engine.rank < len(ranks) else 0
+    if engine.rank >= len(ranks) and any(t is not None for t in ranks):
+        logger.warning("load_checkpoint: the checkpoint's ranks saved different client_state "
+                       "and it has no rank %d; this rank gets rank 0's", engine.rank)
+    tree = ranks[src]
+    return src, meta.get("client_state") if tree is None else tree
 
 
 def _check_optimizer(engine, meta, want: bool, ckpt: str) -> None:

@@ -12,11 +12,12 @@ import uuid
 
 import torch
 
-from zerolite.checkpoint import _dist
+from zerolite.checkpoint import _dist, state_tree
 from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.tags import agreed_tag
-from zerolite.checkpoint.format import (FORMAT, LATEST, META, buffers_file_name, check_tag,
-                                        dtype_name, flat_key, rank_file_name)
+from zerolite.checkpoint.format import (CLIENT_PREFIX, FORMAT, LATEST, META, SCHED_PREFIX,
+                                        buffers_file_name, check_tag, dtype_name, flat_key,
+                                        rank_file_name)
 from zerolite.checkpoint.st_io import LazyTensor, fsync_dir, sha256_file, write_file
 from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer, ShardEntry
 from zerolite.version import __version__
@@ -130,27 +131,6 @@ def to_jsonable(value, where: str):
     raise TypeError(f"{where} is a {type(value).__name__}, which is not JSON-serializable")
 
 
-def find_unjsonable(value, where: str) -> str | None:
-    """Path and type of the first value json.dumps would refuse, or None."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, (str, int, float, bool)) and k is not None:
-                return f"{where} has a key {k!r} of type {type(k).__name__}"
-            bad = find_unjsonable(v, f"{where}[{k!r}]")
-            if bad:
-                return bad
-        return None
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            bad = find_unjsonable(v, f"{where}[{i}]")
-            if bad:
-                return bad
-        return None
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return None
-    return f"{where} is a {type(value).__name__}"
-
-
 def rng_state() -> dict:
     state = {"torch_cpu": torch.get_rng_state().tolist(), "python": _py_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -191,12 +171,17 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
     tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
     # 1. Validate everything before writing anything; decide together.
     problem = check_tag(tag)
-    bad_client = find_unjsonable(client_state, "client_state")
-    if bad_client:
-        problem = (f"save_checkpoint: {bad_client}, which is not JSON-serializable; "
-                   "checkpoints store client_state as JSON (data, not pickles): convert it "
-                   "(e.g. tensor.tolist()) or save it separately")
-    votes = _dist.all_gather_object((problem, bool(bad_client), tag, uuid.uuid4().hex))
+    bad_state = False
+    try:
+        client_tree, client_tensors = state_tree.encode(client_state, "client_state")
+        sched = engine.lr_scheduler
+        sched_tree, sched_tensors = (None, []) if sched is None else \
+            state_tree.encode(sched.state_dict(), "lr_scheduler.state_dict()")
+    except TypeError as e:
+        problem, bad_state = f"save_checkpoint: {e}", True
+    except Exception as e:  # noqa: BLE001 - a state_dict() that raises must not hang the others
+        problem = f"save_checkpoint: could not read the state to save: {e!r}"
+    votes = _dist.all_gather_object((problem, bad_state, tag, uuid.uuid4().hex))
     for r, (err, is_type, _, _) in enumerate(votes):
         if err is not None:
             raise (TypeError if is_type else ZeroliteCheckpointError)(
@@ -205,6 +190,9 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
     save_id = votes[0][3]
     ckpt = os.path.join(os.fspath(save_dir), tag)
     layout = engine_layout(engine, exclude_frozen_parameters)
+    # As DeepSpeed: under stage 3 every rank saves and gets back its own client_state; under
+    # stages 0-2 rank 0's is saved and every rank gets it.
+    per_rank_client = engine.config.zero_optimization.stage == 3 and world > 1
 
     # 2. Every rank writes its file under a fresh name, fsyncs it and re-hashes it from disk.
     fname = rank_file_name(rank, world, save_id)
@@ -212,6 +200,10 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
     try:
         os.makedirs(ckpt, exist_ok=True)
         tensors, optim_meta = _rank_tensors(engine, layout)
+        if per_rank_client or rank == 0:
+            tensors += [(f"{CLIENT_PREFIX}{i}", t) for i, t in enumerate(client_tensors)]
+        if rank == 0:
+            tensors += [(f"{SCHED_PREFIX}{i}", t) for i, t in enumerate(sched_tensors)]
         header = {"format": FORMAT, "save_id": save_id, "tag": tag, "rank": str(rank),
                   "world_size": str(world)}
         sha, nbytes = _write_verified(os.path.join(ckpt, fname), tensors, header)
@@ -223,7 +215,7 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
             buf_entry = {"file": bname, "sha256": bsha, "nbytes": bsize}
     except Exception as e:  # noqa: BLE001 - reported collectively below
         err = f"rank {rank} could not write {os.path.join(ckpt, fname)}: {e!r}"
-    results = _dist.all_gather_object((err, sha, nbytes, rng_state(), buf_entry))
+    results = _dist.all_gather_object((err, sha, nbytes, rng_state(), buf_entry, client_tree))
     failed = _dist.first_error([r[0] for r in results])
     if failed:
         _remove_quietly(os.path.join(ckpt, fname))
@@ -235,8 +227,8 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
     if rank == 0:
         try:
             _write_recovery_script(os.fspath(save_dir))
-            meta = _meta(engine, tag, save_id, layout, optim_meta, client_state, results,
-                         exclude_frozen_parameters)
+            meta = _meta(engine, tag, save_id, layout, optim_meta, sched_tree, results,
+                         exclude_frozen_parameters, per_rank_client)
             write_json_atomic(os.path.join(ckpt, META), meta)
             _remove_stale(ckpt, keep={e["file"] for e in meta["files"]["ranks"]} | {buf_entry["file"]})
             if save_latest:
@@ -260,7 +252,8 @@ def _write_verified(path: str, tensors, header) -> tuple[str, int]:
     return sha, nbytes
 
 
-def _meta(engine, tag, save_id, layout, optim_meta, client_state, results, exclude_frozen):
+def _meta(engine, tag, save_id, layout, optim_meta, sched_tree, results, exclude_frozen,
+          per_rank_client):
     world = engine.world_size
     opt = engine.optimizer
     groups = None
@@ -268,8 +261,8 @@ def _meta(engine, tag, save_id, layout, optim_meta, client_state, results, exclu
         groups = [to_jsonable({k: v for k, v in g.items() if k != "params"},
                               f"optimizer.param_groups[{i}]")
                   for i, g in enumerate(opt.param_groups)]
-    sched = engine.lr_scheduler
     scaler = getattr(engine, "loss_scaler", None)
+    client_trees = [r[5] for r in results]
     return {
         "format": FORMAT, "save_id": save_id, "tag": tag, "world_size": world,
         "zero_stage": engine.config.zero_optimization.stage,
@@ -278,12 +271,16 @@ def _meta(engine, tag, save_id, layout, optim_meta, client_state, results, exclu
         "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
         "optimizer": None if opt is None else {"class": type(opt).__name__,
                                                 "param_groups": groups, "state": optim_meta},
-        "lr_scheduler": None if sched is None else to_jsonable(sched.state_dict(), "lr_scheduler"),
+        "lr_scheduler": sched_tree,
         "loss_scaler": None if scaler is None else to_jsonable(scaler.state_dict(), "loss_scaler"),
         "rng": [r[3] for r in results],
         "config": engine.config.to_dict(),
         "versions": _versions(),
-        "client_state": client_state,
+        "client_state": client_trees[0],
+        "client_state_per_rank": per_rank_client,
+        # a rank's own tree where it differs from rank 0's (None: the same tree)
+        "client_state_ranks": [None if t == client_trees[0] else t for t in client_trees]
+        if per_rank_client else None,
         "exclude_frozen_parameters": exclude_frozen,
         "layout": layout,
         "files": {"ranks": [{"file": rank_file_name(r, world, save_id), "sha256": res[1],

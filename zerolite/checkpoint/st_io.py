@@ -27,6 +27,7 @@ _TO_ST = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
           torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
           torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 _FROM_ST = {v: k for k, v in _TO_ST.items()}
+STORABLE_DTYPES = frozenset(_TO_ST)
 _CHUNK = 64 << 20
 _MAX_HEADER = 512 << 20
 
