@@ -43,6 +43,11 @@ REFUSED = {
         "zerolite.compat.deepspeed.ops.adam", "FusedAdam", [torch.nn.Parameter(torch.zeros(1))],
         bias_correction=False),
     "split_params_into_different_moe_groups_for_optimizer (group 0)": _moe_group,
+    # Lightning's convert_zero_checkpoint_to_fp32_state_dict reads DeepSpeed's .pt files
+    "deepspeed.utils.zero_to_fp32.get_optim_files": _call(
+        "zerolite.compat.deepspeed.utils.zero_to_fp32", "get_optim_files", "ckpt/checkpoint"),
+    "deepspeed.utils.zero_to_fp32.get_model_state_file": _call(
+        "zerolite.compat.deepspeed.utils.zero_to_fp32", "get_model_state_file", "ckpt", 3),
     # Accelerate with sp_backend="deepspeed" calls this classmethod first
     "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF": _ulysses_register,
 }

@@ -129,3 +129,16 @@ def test_peers_summary_marks_a_failed_engine():
     assert rows[1]["max_rel_loss_diff_vs_torch"] == pytest.approx(0.01)
     text = gpu_peers.table(rows)
     assert "| deepspeed | FAILED: rc=1: boom" in text and "| zerolite | 11 |" in text
+
+
+def test_the_tests_phase_runs_every_cuda_test():
+    """A cuda-marked test only ever runs in the GPU check's tests phase."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-m", "cuda", "--collect-only", "tests"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    nodes = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert nodes, proc.stdout + proc.stderr
+    missed = [n for n in nodes
+              if not any(n == f or n.startswith(f + "::") or n.startswith(f + "[")
+                         for f in gpu_check.TEST_FILES)]
+    assert not missed, f"cuda tests the GPU check does not run: {missed}"
