@@ -1,6 +1,6 @@
 """Acceptance: a PyTorch Lightning program with Lightning's own DeepSpeedStrategy (stages 2
-and 3), unchanged, on zerolite as DeepSpeed (world 2, CPU/gloo): compat_scripts/
-lightning_tiny.py.
+and 3, and stage 3 with the model built in `configure_model` under zero.Init), unchanged, on
+zerolite as DeepSpeed (world 2, CPU/gloo): compat_scripts/lightning_tiny.py.
 
 Its per-micro-batch losses (the mean over the two ranks) and final weights match the same
 program on one process with the same global batches; the learning rates Lightning's scheduler
@@ -67,11 +67,13 @@ def _check_against(ref, ranks, world, atol=1e-6):
         assert r["resumed"]["global_step"] == 12
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_lightning_deepspeed_strategy_matches_single_process(reference, tmp_path, stage):
-    ranks = _run(tmp_path / "ds", "--stage", str(stage), "--cpu-as-cuda", ranks=2)
+@pytest.mark.parametrize("stage, build", [(2, []), (3, []), (3, ["--configure-model"])],
+                         ids=["stage2", "stage3", "stage3-zero.Init"])
+def test_lightning_deepspeed_strategy_matches_single_process(reference, tmp_path, stage, build):
+    ranks = _run(tmp_path / "ds", "--stage", str(stage), "--cpu-as-cuda", *build, ranks=2)
     for r in ranks:
         assert r["engine"] == "ZeroEngine" and "zerolite" in r["deepspeed"]
+        assert r["partitioned_at_build"] == (stage == 3 and bool(build))
     _check_against(reference, ranks, world=2)
     scores = [r["resumed"]["best_model_score"] for r in ranks]
     # Each rank monitors its own train_loss: its own score comes back under stage 3.

@@ -1,7 +1,8 @@
 """A PyTorch Lightning program as its users write it for DeepSpeed: a LightningModule with
 AdamW and a per-step LambdaLR scheduler, `Trainer(strategy=DeepSpeedStrategy(stage=N),
 accumulate_grad_batches=2, gradient_clip_val=0.5)`, a ModelCheckpoint callback, and a resume from
-the checkpoint the Trainer saved. Records per-batch losses, the learning rates and the final
+the checkpoint the Trainer saved; with --configure-model the layers are built in `configure_model` (inside
+deepspeed.zero.Init under stage 3). Records per-batch losses, the learning rates and the final
 (gathered) weights in --out.
 
     torchrun --nproc_per_node 2 -m zerolite.as_deepspeed lightning_tiny.py --stage 3 --out DIR
@@ -60,12 +61,25 @@ class Regressor(pl.LightningModule):
     under DeepSpeed the gradient is the single-process one / GAS; with clipping active that
     shows in the weights. `loss_divisor=GAS` gives the reference DeepSpeed's gradient."""
 
-    def __init__(self, lr: float = 1e-2, loss_divisor: int = 1):
+    def __init__(self, lr: float = 1e-2, loss_divisor: int = 1, in_configure_model=False):
         super().__init__()
         self.save_hyperparameters()
         self.last_loss = None
+        self.partitioned_at_build = False  # every parameter 0-element right after it was made
+        if not in_configure_model:
+            self._build()
+
+    def _build(self):
         self.body = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh())
         self.head = nn.Linear(32, 1)
+
+    def configure_model(self):
+        """Lightning's way to build a large model: under stage 3 this runs inside
+        deepspeed.zero.Init, so each parameter is partitioned as it is made."""
+        if self.hparams.in_configure_model and not hasattr(self, "head"):
+            torch.manual_seed(0)
+            self._build()
+            self.partitioned_at_build = all(p.numel() == 0 for p in self.parameters())
 
     def forward(self, x):
         return self.head(self.body(x))
@@ -117,7 +131,7 @@ def gathered_state(module, stage):
 
 def fit(a, epochs, ckpt_dir, resume_from=None):
     torch.manual_seed(0)
-    model = Regressor(loss_divisor=1 if a.stage else GAS)
+    model = Regressor(loss_divisor=1 if a.stage else GAS, in_configure_model=a.configure_model)
     record = Record()
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="train_loss", save_last=False)
     if a.stage:
@@ -143,9 +157,12 @@ def main():
     p.add_argument("--stage", type=int, default=0)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--cpu-as-cuda", dest="cpu_as_cuda", action="store_true")
+    p.add_argument("--configure-model", dest="configure_model", action="store_true",
+                   help="build the layers in LightningModule.configure_model")
     a = p.parse_args()
     trainer, model, record, _ = fit(a, 2, os.path.join(a.out, "whole"))
     result = {"losses": record.losses, "lrs": record.lrs, "world": trainer.world_size,
+              "partitioned_at_build": model.partitioned_at_build,
               "state": gathered_state(model, a.stage), "global_step": trainer.global_step}
     # Stop after the first epoch, save through the Trainer, resume in a new Trainer.
     half, ckpt_dir = os.path.join(a.out, "half.ckpt"), os.path.join(a.out, "resumed")
