@@ -118,7 +118,9 @@ def _adopted(rank, world):
                                                   config=_config(world))
     shards = {id(f.master) for f in engine.sharded.flats}
     in_groups = [id(p) for g in client.param_groups for p in g["params"]]
-    return optimizer is client, set(in_groups) == shards, len(in_groups) == len(shards)
+    # As DeepSpeed: initialize returns the ZeRO optimizer, around the client's own.
+    return (optimizer.optimizer is client and engine.basic_optimizer is client,
+            set(in_groups) == shards, len(in_groups) == len(shards))
 
 
 def test_client_optimizer_is_the_one_stepped_over_the_shards():

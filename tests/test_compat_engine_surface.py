@@ -125,3 +125,61 @@ def test_set_train_batch_size_changes_accumulation():
     assert len(errors) == 3 and all("multiple of" in e and "= 4" in e for e in errors), errors
     assert (gas, tbs, steps) == (3, 12, 2)
     assert boundaries == [False, False, True, False, False, True]
+
+
+# -- the engine is an nn.Module; its optimizer's step is the whole update --------------------
+def _module_surface(rank, world):
+    model = tiny_gpt()
+    engine, optimizer, *_ = zerolite.initialize(model=model, config=ds_config(world, stage=3))
+    seen = []
+    handle = engine.register_forward_pre_hook(lambda mod, args: seen.append(mod is engine))
+    x = batches(1)[0][0][:2]
+    engine(x)
+    handle.remove()
+    names = [n for n, _ in engine.named_parameters()]
+    return {"is_module": isinstance(engine, torch.nn.Module),
+            "modules": [type(m).__name__ for m in list(engine.modules())[:2]],
+            "same_params": [id(p) for p in engine.parameters()] == [id(p) for p in
+                                                                   model.parameters()],
+            "prefixed": all(n.startswith("module.") for n in names) and len(names) > 0,
+            "hook_ran": seen == [True], "passthrough": engine.cfg is model.cfg,
+            "optimizer": [type(optimizer).__name__, optimizer.optimizer is
+                          engine.basic_optimizer, optimizer.param_groups is
+                          engine.basic_optimizer.param_groups]}
+
+
+def test_engine_is_an_nn_module_as_deepspeeds():
+    out = run_ranks(_module_surface, 2)[0]
+    assert out == {"is_module": True, "modules": ["ZeroEngine", "GPT"], "same_params": True,
+                   "prefixed": True, "hook_ran": True, "passthrough": True,
+                   "optimizer": ["ZeroOptimizer", True, True]}
+
+
+def _stepped(rank, world, stage, direct):
+    """`direct`: step the optimizer initialize returned, as Lightning Fabric does."""
+    model = tiny_gpt()
+    engine, optimizer, *_ = zerolite.initialize(
+        model=model, config=ds_config(world, stage=stage, bf16=True, gas=1))
+    for batch in batches(3):
+        (xb, yb), = rank_micro_batches(batch, rank, world, gas=1)
+        loss = engine(xb, yb)
+        engine.backward(loss)
+        if direct:
+            optimizer.step()
+            optimizer.zero_grad()
+        else:
+            engine.step()
+    from zerolite.zero.sharded_model import gather_full_state_dict
+
+    return gather_full_state_dict(engine.sharded), engine.get_global_grad_norm()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_stepping_the_returned_optimizer_is_the_whole_update(stage):
+    """Clipping, the bf16 copy back into the parameters: what engine.step() updates, a direct
+    optimizer.step() updates the same (DeepSpeed's ZeRO optimizer.step does the update)."""
+    via_engine, norm = run_ranks(_stepped, 2, stage, False)[0]
+    direct, direct_norm = run_ranks(_stepped, 2, stage, True)[0]
+    assert norm == direct_norm and norm > CLIP  # clipping was active
+    for key, value in via_engine.items():
+        assert torch.equal(direct[key], value), key

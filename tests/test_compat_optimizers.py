@@ -47,7 +47,7 @@ def _train(rank, world, name):
                                                                            **kwargs),
                                                 config=config)
     losses = train_engine(engine, batches(STEPS), rank, world)
-    return losses, gather_full_state_dict(engine.sharded), type(optimizer).__name__
+    return losses, gather_full_state_dict(engine.sharded), type(optimizer.optimizer).__name__
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -84,8 +84,11 @@ def _config_optimizer_classes(rank, world):
             if offload:
                 config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
             engine, optimizer, *_ = zerolite.initialize(model=tiny_gpt(), config=config)
-            out.append((stage, type_name, tuple(extra), offload, type(optimizer),
-                        optimizer is engine.optimizer,
+            # As DeepSpeed: initialize returns the ZeRO optimizer, whose .optimizer is the
+            # basic one the config built (engine.basic_optimizer).
+            out.append((stage, type_name, tuple(extra), offload, type(optimizer.optimizer),
+                        optimizer is engine.optimizer
+                        and optimizer.optimizer is engine.basic_optimizer,
                         [g.get("decoupled_weight_decay") for g in optimizer.param_groups]))
     return out
 
@@ -113,5 +116,5 @@ def _config_adam(rank, world):
     config = ds_config(world, stage=3, gradient_clipping=0.0)
     config["optimizer"] = {"type": "Adam", "params": {"lr": 3e-3, "weight_decay": 0.1}}
     engine, optimizer, *_ = zerolite.initialize(model=tiny_gpt(), config=config)
-    assert isinstance(optimizer, FusedAdam)
+    assert isinstance(optimizer.optimizer, FusedAdam)
     return train_engine(engine, batches(STEPS), rank, world)

@@ -151,7 +151,7 @@ def _engine_run(rank, world, zero, tmp_path):
     after = [(id(f.placement), f.placement.shard.home, f.placement.master_home) for f in flats]
     sharded_after_step = [u.state for u in engine.sharded.units if not u.is_root]
     return (before == after, [h[1:] for h in before], seen, engine.sharded.state,
-            isinstance(engine.optimizer, ChunkedOffloadOptimizer), sharded_after_step)
+            isinstance(engine.basic_optimizer, ChunkedOffloadOptimizer), sharded_after_step)
 
 
 @pytest.mark.parametrize("zero,shard,master,chunked", [

@@ -31,6 +31,7 @@ from zerolite.optim.builder import build_optimizer, check_master_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
 from zerolite.optim.param_groups import param_groups
+from zerolite.optim.zero_optimizer import ZeroOptimizer
 from zerolite.zero.flat_placement import MasterHome
 from zerolite.zero.partition import policy_from_classes
 from zerolite.zero.sliced_param import partition_info
@@ -55,12 +56,20 @@ class _StepWindow:
     losses: list = field(default_factory=list)
 
 
-class ZeroEngine(DeepSpeedAccessors):
+class ZeroEngine(DeepSpeedAccessors, nn.Module):
+    """[Note: the engine is an nn.Module] As DeepSpeedEngine: the model is its submodule
+    `module`, so `isinstance(engine, nn.Module)` holds, `engine.modules()` yields the engine
+    (Lightning Fabric finds it that way), `engine.parameters()` are the model's, and
+    `named_parameters()` / `state_dict()` carry the `module.` prefix. Calling the engine runs
+    nn.Module's call, so hooks registered on the engine run; attributes the engine lacks are
+    looked up on the model."""
+
     def __init__(self, model: nn.Module, config, *, model_parameters=None, optimizer=None,
                  lr_scheduler=None, training_data=None, collate_fn=None, unit_policy=None,
                  separate_host: bool = False):
         """`separate_host` (tests): offload 'cpu' keeps separate host copies even when the
         device is the CPU, so the host hand-off runs for real (offload/host_placement.py)."""
+        super().__init__()
         self.module = model
         self._config = config
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
@@ -112,21 +121,23 @@ class ZeroEngine(DeepSpeedAccessors):
         opt_cfg = config.optimizer
         bf16_masters = config.bf16.bf16_master_weights_and_grads
         rounding = config.zerolite.master_rounding
-        self.optimizer = build_optimizer(opt_cfg.type if opt_cfg else None,
-                                         opt_cfg.params if opt_cfg else None, optimizer, masters,
-                                         cpu_optimizer=zc.offload_optimizer is not None,
-                                         master_rounding=rounding if bf16_masters else None,
-                                         bf16_optimizer_states=config.bf16.bf16_optimizer_states)
-        if bf16_masters and self.optimizer is not None:
-            check_master_optimizer(self.optimizer, offloaded=zc.offload_optimizer is not None,
+        basic = build_optimizer(opt_cfg.type if opt_cfg else None,
+                                opt_cfg.params if opt_cfg else None, optimizer, masters,
+                                cpu_optimizer=zc.offload_optimizer is not None,
+                                master_rounding=rounding if bf16_masters else None,
+                                bf16_optimizer_states=config.bf16.bf16_optimizer_states)
+        if bf16_masters and basic is not None:
+            check_master_optimizer(basic, offloaded=zc.offload_optimizer is not None,
                                    bf16_states=config.bf16.bf16_optimizer_states,
                                    master_rounding=rounding)
-        self.optimizer = self.placement_plan.wrap_optimizer(self.optimizer)
+        self.basic_optimizer = self.placement_plan.wrap_optimizer(basic)
+        """The torch optimizer over the master shards (DeepSpeed's `engine.basic_optimizer`)."""
+        self.optimizer = None if basic is None else ZeroOptimizer(
+            self.basic_optimizer, update=self._apply_update, zero_grad=self.zero_grad)
+        """What initialize returns: stepping it is the whole update (zero_optimizer.py)."""
         self.sharded.parameter_offload.attach_to(self.optimizer)  # optimizer.parameter_offload
-        self.fragments = TensorFragments(self.sharded, self.optimizer)  # deepspeed.utils.safe_*
+        self.fragments = TensorFragments(self.sharded, self.basic_optimizer)  # deepspeed.utils.safe_*
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
-        if self.optimizer is not None:
-            self.optimizer.overflow = False
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = self._build_dataloader(training_data, collate_fn)
         self.global_steps = 0
@@ -151,14 +162,14 @@ class ZeroEngine(DeepSpeedAccessors):
     def _build_scheduler(self, client_scheduler):
         if client_scheduler is not None:
             if callable(client_scheduler) and not hasattr(client_scheduler, "step"):
-                return client_scheduler(self.optimizer)
+                return client_scheduler(self.basic_optimizer)  # as DeepSpeed
             # Over the client's optimizer it already drives ours (the same object, or its
             # groups under the NVMe wrapper). Over another one (e.g. with a config-built
             # optimizer): point it at ours, lr included.
-            if getattr(client_scheduler, "optimizer", None) not in (None, self.optimizer):
-                client_scheduler.optimizer = self.optimizer
+            if getattr(client_scheduler, "optimizer", None) not in (None, self.basic_optimizer):
+                client_scheduler.optimizer = self.basic_optimizer
                 if hasattr(client_scheduler, "get_last_lr"):
-                    for group, lr in zip(self.optimizer.param_groups,
+                    for group, lr in zip(self.basic_optimizer.param_groups,
                                          client_scheduler.get_last_lr()):
                         group["lr"] = lr
             return client_scheduler
@@ -167,7 +178,7 @@ class ZeroEngine(DeepSpeedAccessors):
             return None
         from zerolite.optim.lr_schedules import build_lr_scheduler_from_config
 
-        return build_lr_scheduler_from_config(self.optimizer, sched)
+        return build_lr_scheduler_from_config(self.basic_optimizer, sched)
 
     def _build_dataloader(self, training_data, collate_fn):
         if training_data is None:
@@ -181,9 +192,6 @@ class ZeroEngine(DeepSpeedAccessors):
                           drop_last=self._config.dataloader_drop_last)
 
     # -- the training loop -------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
     def forward(self, *args, **kwargs):
         set_phase("forward")
         start = time.perf_counter()
@@ -390,7 +398,7 @@ class ZeroEngine(DeepSpeedAccessors):
         if coef is not None:
             for g in grads:
                 g.mul_(coef)
-        self.optimizer.step()
+        self.basic_optimizer.step()
         for m in masters:
             m.grad = None
         self.sharded.refresh_params_from_masters()
@@ -413,8 +421,13 @@ class ZeroEngine(DeepSpeedAccessors):
         return self.train(False)
 
     def __getattr__(self, name):
-        # Only called when normal lookup fails: forward unknown attributes to the module.
-        module = self.__dict__.get("module")
+        # Only called when normal lookup fails: nn.Module's registries (`module` itself is in
+        # _modules), then the wrapped model.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
         if module is None:
             raise AttributeError(name)
         try:
@@ -463,15 +476,15 @@ class ZeroEngine(DeepSpeedAccessors):
         grads = sum(f.master.grad.numel() * f.master.grad.element_size()
                     for f in self.sharded.flats if f.master is not None and f.master.grad is not None
                     and f.placement.master_home is not MasterHome.HOST)
-        if isinstance(self.optimizer, ChunkedOffloadOptimizer):
-            master += self.optimizer.master_resident_nbytes()  # swapped-out masters' rest
-            optim = self.optimizer.resident_state_nbytes()  # its chunk buffers
+        if isinstance(self.basic_optimizer, ChunkedOffloadOptimizer):
+            master += self.basic_optimizer.master_resident_nbytes()  # swapped-out masters' rest
+            optim = self.basic_optimizer.resident_state_nbytes()  # its chunk buffers
         else:
             optim = sum(v.numel() * v.element_size() for state in (
-                self.optimizer.state.values() if self.optimizer else [])
+                self.basic_optimizer.state.values() if self.basic_optimizer else [])
                 for v in state.values() if isinstance(v, torch.Tensor))
         plan = self.placement_plan
-        host = plan.host_nbytes(self.sharded.flats, self.optimizer)
+        host = plan.host_nbytes(self.sharded.flats, self.basic_optimizer)
         return {"rss": psutil.Process().memory_info().rss, "param_shards": shard,
                 "master_shards": master, "grad_shards": grads, "optimizer_state": optim,
                 "gathered": self.sharded.gathered_nbytes(),

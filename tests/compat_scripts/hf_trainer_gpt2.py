@@ -76,7 +76,7 @@ def offload_facts(engine):
     return {"cpu_offload": engine.zero_cpu_offload(),
             "cpu_optimizer": engine.zero_use_cpu_optimizer(),
             "param_device": param["device"] if param else "none",
-            "optimizer_class": type(engine.optimizer).__name__}
+            "optimizer_class": type(engine.optimizer.optimizer).__name__}
 
 
 def main():

@@ -180,8 +180,8 @@ def load_checkpoint(engine, load_dir, *, tag=None, load_module_strict=True,
     if not load_module_only:
         for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
             setattr(engine, k, meta[k])
-        if load_optimizer_states and engine.optimizer is not None and meta["optimizer"]:
-            _load_param_groups(engine.optimizer, meta["optimizer"]["param_groups"])
+        if load_optimizer_states and engine.basic_optimizer is not None and meta["optimizer"]:
+            _load_param_groups(engine.basic_optimizer, meta["optimizer"]["param_groups"])
         if (load_lr_scheduler_states and engine.lr_scheduler is not None
                 and sched_state is not None):
             engine.lr_scheduler.load_state_dict(sched_state)
@@ -207,10 +207,10 @@ def _client_tree(engine, meta) -> tuple[int, object]:
 
 
 def _check_optimizer(engine, meta, want: bool, ckpt: str) -> None:
-    if not want or engine.optimizer is None or not meta.get("optimizer"):
+    if not want or engine.basic_optimizer is None or not meta.get("optimizer"):
         return
     saved = meta["optimizer"]["param_groups"]
-    have = engine.optimizer.param_groups
+    have = engine.basic_optimizer.param_groups
     if len(saved) != len(have):
         raise ZeroliteCheckpointError(
             f"{ckpt}: checkpoint has {len(saved)} optimizer param groups, the engine has "
@@ -218,7 +218,7 @@ def _check_optimizer(engine, meta, want: bool, ckpt: str) -> None:
 
 
 def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
-    opt = engine.optimizer
+    opt = engine.basic_optimizer
     state_meta = (files.meta.get("optimizer") or {}).get("state", {})
     for flat, pieces in zip(engine.sharded.flats, plans):
         where = flat.placement

@@ -57,7 +57,7 @@ def persistent_buffers(module) -> dict[str, torch.Tensor]:
 
 def _optim_state(engine, flat) -> dict:
     """The flat's optimizer state; offloaded shards give placeholders, not tensors (below)."""
-    opt = engine.optimizer
+    opt = engine.basic_optimizer
     if opt is None or flat.master is None:
         return {}
     if isinstance(opt, ChunkedOffloadOptimizer):
@@ -96,7 +96,7 @@ def _rank_tensors(engine, layout) -> tuple[list, dict]:
     """This rank's tensors (views, no copies; offloaded state as LazyTensors that stream from
     the swap files) and per-flat optimizer-state descriptions."""
     tensors, optim_meta = [], {}
-    stream = _OffloadedStream(engine.optimizer)
+    stream = _OffloadedStream(engine.basic_optimizer)
     for entry, flat in zip(layout, engine.sharded.flats):
         if entry["excluded"]:
             continue
@@ -255,7 +255,7 @@ def _write_verified(path: str, tensors, header) -> tuple[str, int]:
 def _meta(engine, tag, save_id, layout, optim_meta, sched_tree, results, exclude_frozen,
           per_rank_client):
     world = engine.world_size
-    opt = engine.optimizer
+    opt = engine.basic_optimizer
     groups = None
     if opt is not None:
         groups = [to_jsonable({k: v for k, v in g.items() if k != "params"},
