@@ -148,8 +148,8 @@ def _worker(args) -> dict:
                              if isinstance(v, (int, float))},
            "memory_stats_before_last_step_mib": {k: v / MIB for k, v in before_step.items()},
            "model_state_mib": _state_mib(before_step)}
-    if isinstance(engine.optimizer, ChunkedOffloadOptimizer):
-        s = engine.optimizer.offload_stats()
+    if isinstance(engine.basic_optimizer, ChunkedOffloadOptimizer):
+        s = engine.basic_optimizer.offload_stats()
         out.update(disk_mib=s["disk_bytes"] / MIB,
                    read_written_mib_per_step=[s["bytes_read"] / MIB / max(1, args.steps - 1),
                                               s["bytes_written"] / MIB / args.steps])

@@ -80,7 +80,7 @@ def _worker(args) -> dict:
     times, io = [], []
     plan = engine.placement_plan
     files = plan.param_files if isinstance(plan, OffloadPlan) else None
-    swaps = [o.offload_stats for o in (engine.optimizer, files)
+    swaps = [o.offload_stats for o in (engine.basic_optimizer, files)
              if isinstance(o, (ChunkedOffloadOptimizer, ParamFiles))]
 
     def moved():
@@ -108,7 +108,7 @@ def _worker(args) -> dict:
            "param_shards_in_ram_mib": mem["param_shards"] / MIB}
     if swaps:
         out.update(io_per_step=io, disk_mib=sum(f()["disk_bytes"] for f in swaps) / MIB,
-                   chunk_buffers_mib=engine.optimizer.offload_stats()["buffer_bytes"] / MIB)
+                   chunk_buffers_mib=engine.basic_optimizer.offload_stats()["buffer_bytes"] / MIB)
     return out
 
 
