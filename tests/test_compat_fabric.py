@@ -9,53 +9,31 @@ client_state (a tensor that differs per rank: each rank's own under stage 3, ran
 stage 2, as DeepSpeed). Losses (mean of the ranks) and final weights match one plain Fabric
 process on the same global batches, and the saved-and-loaded run ends exactly where the
 straight one ends."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
+from client_runs import as_tensors, reference_and_gpu_run, run_client
+
 pytest.importorskip("lightning")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "fabric_tiny.py")
-
-
-def _run(out, *args, ranks=0):
-    out.mkdir()
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60")
-    launch = [sys.executable]
-    if ranks:
-        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                   str(ranks), "-m", "zerolite.as_deepspeed"]
-    proc = subprocess.run(launch + [SCRIPT, "--out", str(out), *args], cwd=out, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(max(ranks, 1))]
-
-
-def _weights(state):
-    return {k: torch.tensor(v) for k, v in state.items()}
+SCRIPT = "fabric_tiny.py"
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    (ref,) = _run(tmp_path_factory.mktemp("fabric") / "ref", "--world", "2")
+    (ref,) = run_client(SCRIPT, tmp_path_factory.mktemp("fabric") / "ref", "--world", "2")
     assert ref["resumed"]["losses"] == ref["losses"]  # the plain run resumes exactly too
     return ref
 
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_fabric_deepspeed_strategy_matches_single_process(reference, tmp_path, stage):
-    ranks = _run(tmp_path / "ds", "--stage", str(stage), "--cpu-as-cuda", ranks=2)
+    ranks = run_client(SCRIPT, tmp_path / "ds", "--stage", str(stage), "--cpu-as-cuda", ranks=2)
     losses = torch.tensor(reference["losses"])
     mean = torch.tensor([r["losses"] for r in ranks]).mean(dim=0)
     torch.testing.assert_close(mean, losses, rtol=1e-5, atol=1e-6)
     for rank, r in enumerate(ranks):
         assert r["engine"] == "ZeroEngine" and "zerolite" in r["deepspeed"]
-        torch.testing.assert_close(_weights(r["state"]), _weights(reference["state"]), rtol=0,
+        torch.testing.assert_close(as_tensors(r["state"]), as_tensors(reference["state"]), rtol=0,
                                    atol=1e-6)
         assert r["resumed"]["losses"] == r["losses"] and r["resumed"]["state"] == r["state"]
         assert r["resumed"]["step"] == 4
@@ -66,9 +44,7 @@ def test_fabric_deepspeed_strategy_matches_single_process(reference, tmp_path, s
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fabric_deepspeed_strategy_on_gpu(tmp_path):
-    (ref,) = _run(tmp_path / "ref", "--world", "1")
-    (rank,) = _run(tmp_path / "ds", "--stage", "3", "--world", "1", ranks=1)
-    assert rank["engine"] == "ZeroEngine" and "zerolite" in rank["deepspeed"]
+    ref, rank = reference_and_gpu_run(SCRIPT, tmp_path)
     torch.testing.assert_close(torch.tensor(rank["losses"]), torch.tensor(ref["losses"]),
                                rtol=1e-4, atol=1e-5)  # the reference runs on the CPU
     assert rank["resumed"]["losses"] == rank["losses"] and rank["resumed"]["mine_back"]

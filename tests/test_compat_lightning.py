@@ -13,42 +13,18 @@ under stage 2 every rank gets rank 0's, as DeepSpeed.
 On CPU the script hands Lightning a CUDAAccelerator that places on CPU (Lightning refuses
 DeepSpeed on any other accelerator; see the script's note); the cuda test runs it on the GPU
 as users do."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
+from client_runs import as_tensors, reference_and_gpu_run, run_client
+
 pytest.importorskip("lightning")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "lightning_tiny.py")
-
-
-def _run(out, *args, ranks=0):
-    """The script on one plain process (ranks=0: the reference), or on `ranks` ranks under
-    torchrun with `deepspeed` meaning zerolite; returns every rank's record."""
-    out.mkdir()
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60")
-    launch = [sys.executable]
-    if ranks:
-        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                   str(ranks), "-m", "zerolite.as_deepspeed"]
-    proc = subprocess.run(launch + [SCRIPT, "--out", str(out), *args], cwd=out, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(max(ranks, 1))]
-
-
-def _weights(state):
-    return {k: torch.tensor(v) for k, v in state.items()}
+SCRIPT = "lightning_tiny.py"
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("lightning") / "ref", "--world", "2")[0]
+    return run_client(SCRIPT, tmp_path_factory.mktemp("lightning") / "ref", "--world", "2")[0]
 
 
 def _check_against(ref, ranks, world, atol=1e-6):
@@ -59,7 +35,7 @@ def _check_against(ref, ranks, world, atol=1e-6):
     for r in ranks:
         assert r["world"] == world and r["global_step"] == ref["global_step"] == 12
         assert r["lrs"] == pytest.approx(ref["lrs"], rel=1e-12)
-        torch.testing.assert_close(_weights(r["state"]), _weights(ref["state"]), rtol=0,
+        torch.testing.assert_close(as_tensors(r["state"]), as_tensors(ref["state"]), rtol=0,
                                    atol=atol)
         # The resumed run is the uninterrupted one, bit for bit.
         assert r["resumed"]["losses"] == r["losses"] and r["resumed"]["lrs"] == r["lrs"]
@@ -70,7 +46,8 @@ def _check_against(ref, ranks, world, atol=1e-6):
 @pytest.mark.parametrize("stage, build", [(2, []), (3, []), (3, ["--configure-model"])],
                          ids=["stage2", "stage3", "stage3-zero.Init"])
 def test_lightning_deepspeed_strategy_matches_single_process(reference, tmp_path, stage, build):
-    ranks = _run(tmp_path / "ds", "--stage", str(stage), "--cpu-as-cuda", *build, ranks=2)
+    ranks = run_client(SCRIPT, tmp_path / "ds", "--stage", str(stage), "--cpu-as-cuda", *build,
+                       ranks=2)
     for r in ranks:
         assert r["engine"] == "ZeroEngine" and "zerolite" in r["deepspeed"]
         assert r["partitioned_at_build"] == (stage == 3 and bool(build))
@@ -83,7 +60,5 @@ def test_lightning_deepspeed_strategy_matches_single_process(reference, tmp_path
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_lightning_deepspeed_strategy_on_gpu(tmp_path):
-    (ref,) = _run(tmp_path / "ref", "--world", "1")
-    (rank,) = _run(tmp_path / "ds", "--stage", "3", "--world", "1", ranks=1)
-    assert rank["engine"] == "ZeroEngine" and "zerolite" in rank["deepspeed"]
+    ref, rank = reference_and_gpu_run(SCRIPT, tmp_path)
     _check_against(ref, [rank], world=1, atol=1e-5)  # the reference runs on the CPU

@@ -136,7 +136,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
             self.basic_optimizer, update=self._apply_update, zero_grad=self.zero_grad)
         """What initialize returns: stepping it is the whole update (zero_optimizer.py)."""
         self.sharded.parameter_offload.attach_to(self.optimizer)  # optimizer.parameter_offload
-        self.fragments = TensorFragments(self.sharded, self.basic_optimizer)  # deepspeed.utils.safe_*
+        # deepspeed.utils.safe_get_full_optimizer_state & co.
+        self.fragments = TensorFragments(self.sharded, self.basic_optimizer)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = self._build_dataloader(training_data, collate_fn)

@@ -10,9 +10,8 @@ and optimizer, load, STEPS // 2 more; records losses and the final (gathered) we
 The reference is one CPU process on the same global batches (Fabric's DistributedSampler
 does not shuffle a sequential loader), clipping with `fabric.clip_gradients`; under DeepSpeed
 Fabric refuses that and the clipping goes in the config, as Fabric's docs say.
---cpu-as-cuda: see lightning_tiny.py's note (Fabric's DeepSpeedStrategy checks the same).
+--cpu-as-cuda: a CUDAAccelerator that places on CPU (lightning_shared.py says why).
 """
-import argparse
 import json
 import os
 
@@ -22,29 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from lightning.fabric.accelerators import CUDAAccelerator
 
+from lightning_shared import cpu_as_cuda, gathered_state, parser
+
 MICRO, CLIP, STEPS = 2, 0.5, 8
-
-
-class _CPUAsCUDA(CUDAAccelerator):
-    """Fabric's CUDAAccelerator, placing on CPU (see the module docstring)."""
-
-    def setup_device(self, device):
-        pass
-
-    def teardown(self):
-        pass
-
-    @staticmethod
-    def parse_devices(devices):
-        return list(range(int(devices)))
-
-    @staticmethod
-    def get_parallel_devices(devices):
-        return [torch.device("cpu", i) for i in devices]
-
-    @staticmethod
-    def is_available():
-        return True
 
 
 def build(fabric):
@@ -75,28 +54,14 @@ def train(fabric, model, optimizer, batches, reference, losses):
         losses.append(loss.item())
 
 
-def gathered(model, stage):
-    if stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            return {k: v.detach().clone().tolist() for k, v in model.state_dict().items()}
-    return {k: v.detach().clone().tolist() for k, v in model.state_dict().items()}
-
-
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--stage", type=int, default=0)
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--cpu-as-cuda", dest="cpu_as_cuda", action="store_true")
-    a = p.parse_args()
+    a = parser().parse_args()
     if a.stage:
         from lightning.fabric.strategies import DeepSpeedStrategy
 
         config = {"zero_optimization": {"stage": a.stage}, "gradient_clipping": CLIP,
                   "train_micro_batch_size_per_gpu": MICRO}
-        fabric = L.Fabric(accelerator=_CPUAsCUDA() if a.cpu_as_cuda else "cuda",
+        fabric = L.Fabric(accelerator=cpu_as_cuda(CUDAAccelerator) if a.cpu_as_cuda else "cuda",
                           devices=int(os.environ.get("WORLD_SIZE", "1")),
                           strategy=DeepSpeedStrategy(config=config))
     else:
@@ -107,7 +72,7 @@ def main():
     model, optimizer = build(fabric)
     whole = []
     train(fabric, model, optimizer, loader(fabric, a.world, 0), reference, whole)
-    result = {"losses": whole, "state": gathered(model, a.stage), "world": fabric.world_size}
+    result = {"losses": whole, "state": gathered_state(model, a.stage), "world": fabric.world_size}
 
     model, optimizer = build(fabric)
     first = []
@@ -120,7 +85,7 @@ def main():
     fabric.load(path, state)
     second = []
     train(fabric, model, optimizer, loader(fabric, a.world, state["step"]), reference, second)
-    result["resumed"] = {"losses": first + second, "state": gathered(model, a.stage),
+    result["resumed"] = {"losses": first + second, "state": gathered_state(model, a.stage),
                          "step": state["step"], "mine_back": torch.equal(state["mine"], mine)}
     if a.stage:
         import deepspeed

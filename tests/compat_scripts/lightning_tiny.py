@@ -1,9 +1,9 @@
 """A PyTorch Lightning program as its users write it for DeepSpeed: a LightningModule with
 AdamW and a per-step LambdaLR scheduler, `Trainer(strategy=DeepSpeedStrategy(stage=N),
-accumulate_grad_batches=2, gradient_clip_val=0.5)`, a ModelCheckpoint callback, and a resume from
-the checkpoint the Trainer saved; with --configure-model the layers are built in `configure_model` (inside
-deepspeed.zero.Init under stage 3). Records per-batch losses, the learning rates and the final
-(gathered) weights in --out.
+accumulate_grad_batches=2, gradient_clip_val=0.5)`, a ModelCheckpoint callback, and a resume
+from the checkpoint the Trainer saved; with --configure-model the layers are built in
+`configure_model` (inside deepspeed.zero.Init under stage 3). Records per-batch losses, the
+learning rates and the final (gathered) weights in --out.
 
     torchrun --nproc_per_node 2 -m zerolite.as_deepspeed lightning_tiny.py --stage 3 --out DIR
     python lightning_tiny.py --out DIR                      # the reference: plain Lightning
@@ -11,11 +11,8 @@ deepspeed.zero.Init under stage 3). Records per-batch losses, the learning rates
 Without --stage it is the reference: one CPU process, `strategy="auto"`, a batch of
 MICRO * --world samples, the same global batch the ranks see together (see `loader`).
 
-[Note: Lightning's DeepSpeedStrategy refuses any accelerator that is not a CUDAAccelerator.
---cpu-as-cuda hands it `_CPUAsCUDA`, a CUDAAccelerator that places on CPU, so the program and
-Lightning's strategy run unchanged on a machine without a GPU. On a GPU it is left out.]
+--cpu-as-cuda: a CUDAAccelerator that places on CPU (lightning_shared.py says why).
 """
-import argparse
 import json
 import os
 
@@ -26,32 +23,9 @@ import torch.nn.functional as F
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from lightning_shared import cpu_as_cuda, gathered_state, parser
+
 MICRO, GAS, CLIP, BATCHES = 2, 2, 0.5, 12
-
-
-class _CPUAsCUDA(CUDAAccelerator):
-    """CUDAAccelerator that places everything on CPU (see the note above)."""
-
-    def setup_device(self, device):
-        pass
-
-    def teardown(self):
-        pass
-
-    def get_device_stats(self, device):
-        return {}
-
-    @staticmethod
-    def parse_devices(devices):
-        return list(range(int(devices)))
-
-    @staticmethod
-    def get_parallel_devices(devices):
-        return [torch.device("cpu", i) for i in devices]
-
-    @staticmethod
-    def is_available():
-        return True
 
 
 class Regressor(pl.LightningModule):
@@ -120,15 +94,6 @@ def loader(world: int, reference: bool):
     return torch.utils.data.DataLoader(data, batch_size=MICRO * world, sampler=sampler)
 
 
-def gathered_state(module, stage):
-    if stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(module.parameters())):
-            return {k: v.detach().clone().tolist() for k, v in module.state_dict().items()}
-    return {k: v.detach().clone().tolist() for k, v in module.state_dict().items()}
-
-
 def fit(a, epochs, ckpt_dir, resume_from=None):
     torch.manual_seed(0)
     model = Regressor(loss_divisor=1 if a.stage else GAS, in_configure_model=a.configure_model)
@@ -138,7 +103,7 @@ def fit(a, epochs, ckpt_dir, resume_from=None):
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
         strategy = DeepSpeedStrategy(stage=a.stage)
-        accelerator = _CPUAsCUDA() if a.cpu_as_cuda else "gpu"
+        accelerator = cpu_as_cuda(CUDAAccelerator) if a.cpu_as_cuda else "gpu"
         devices = int(os.environ.get("WORLD_SIZE", "1"))
     else:
         strategy, accelerator, devices = "auto", "cpu", 1
@@ -152,11 +117,7 @@ def fit(a, epochs, ckpt_dir, resume_from=None):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--stage", type=int, default=0)
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--cpu-as-cuda", dest="cpu_as_cuda", action="store_true")
+    p = parser()
     p.add_argument("--configure-model", dest="configure_model", action="store_true",
                    help="build the layers in LightningModule.configure_model")
     a = p.parse_args()

@@ -11,8 +11,8 @@ tensors), plus the tensors of client_state (`client/{i}`) and, in rank 0's, of t
 scheduler's state (`lr_scheduler/{i}`). meta.json holds the layout (every parameter's names,
 shape, dtype, unit, flat index and offset), the world size, engine counters, scheduler /
 loss-scaler / RNG state, the config, versions, client_state (state_tree.py: JSON trees whose
-tensor nodes point into the rank files) and, for every file, its sha256 and size. Each file's safetensors
-header repeats the save id, tag and rank, so files from two saves are never mixed.
+tensor nodes point into the rank files) and, for every file, its sha256 and size. Each file's
+safetensors header repeats the save id, tag and rank, so files from two saves are never mixed.
 
 [Note: meta.json is the commit] File names carry the save id, so re-saving a tag never
 overwrites the files the current meta.json points to. meta.json is replaced (os.replace)
