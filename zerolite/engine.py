@@ -303,7 +303,9 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
             if self.optimizer is None:
                 raise ZeroliteStateError("engine.step(): no optimizer; add an \"optimizer\" "
                                          "section to the config or pass optimizer= to initialize")
-            self._apply_update()
+            # The optimizer's step is the update (_apply_update); through it, as DeepSpeed's
+            # engine does, so a torch scheduler built over it sees the step it tracks.
+            self.optimizer.step()
             # As DeepSpeed: a skipped (overflow) step still counts as a global step, but the
             # lr schedule does not advance.
             if self.lr_scheduler is not None and self._step_applied:
