@@ -43,14 +43,17 @@ def _check_against(ref, ranks, world, atol=1e-6):
         assert r["resumed"]["global_step"] == 12
 
 
-@pytest.mark.parametrize("stage, build", [(2, []), (3, []), (3, ["--configure-model"])],
-                         ids=["stage2", "stage3", "stage3-zero.Init"])
+@pytest.mark.parametrize("stage, build", [
+    (2, []), (3, []), (3, ["--configure-model"]),
+    (3, ["--strategy", "deepspeed_stage_3_offload"]),  # offload_optimizer and offload_param cpu
+], ids=["stage2", "stage3", "stage3-zero.Init", "stage3-offload"])
 def test_lightning_deepspeed_strategy_matches_single_process(reference, tmp_path, stage, build):
     ranks = run_client(SCRIPT, tmp_path / "ds", "--stage", str(stage), "--cpu-as-cuda", *build,
                        ranks=2)
     for r in ranks:
         assert r["engine"] == "ZeroEngine" and "zerolite" in r["deepspeed"]
-        assert r["partitioned_at_build"] == (stage == 3 and bool(build))
+        assert r["partitioned_at_build"] == ("--configure-model" in build)
+        assert r["offload"] == [bool(build) and "offload" in build[-1]] * 2
     _check_against(reference, ranks, world=2)
     scores = [r["resumed"]["best_model_score"] for r in ranks]
     # Each rank monitors its own train_loss: its own score comes back under stage 3.

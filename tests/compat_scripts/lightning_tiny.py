@@ -102,7 +102,8 @@ def fit(a, epochs, ckpt_dir, resume_from=None):
     if a.stage:
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
-        strategy = DeepSpeedStrategy(stage=a.stage)
+        # By name as users pick it ("deepspeed_stage_3_offload"), or the class with a stage.
+        strategy = a.strategy or DeepSpeedStrategy(stage=a.stage)
         accelerator = cpu_as_cuda(CUDAAccelerator) if a.cpu_as_cuda else "gpu"
         devices = int(os.environ.get("WORLD_SIZE", "1"))
     else:
@@ -120,6 +121,8 @@ def main():
     p = parser()
     p.add_argument("--configure-model", dest="configure_model", action="store_true",
                    help="build the layers in LightningModule.configure_model")
+    p.add_argument("--strategy", default=None,
+                   help="a registered strategy name instead of DeepSpeedStrategy(stage=...)")
     a = p.parse_args()
     trainer, model, record, _ = fit(a, 2, os.path.join(a.out, "whole"))
     result = {"losses": record.losses, "lrs": record.lrs, "world": trainer.world_size,
@@ -137,7 +140,9 @@ def main():
     if a.stage:
         import deepspeed
 
-        result["engine"] = type(trainer.strategy.model).__name__
+        engine = trainer.strategy.model
+        result["engine"] = type(engine).__name__
+        result["offload"] = [engine.zero_cpu_offload(), engine.zero_offload_param() is not None]
         result["deepspeed"] = deepspeed.__file__
     with open(os.path.join(a.out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(result, f)
