@@ -2,6 +2,7 @@
 same types (tuples, int keys, Counter, OrderedDict, tensors), under stage 3 each rank's own,
 under stages 0-2 rank 0's; what needs pickle is refused by name before anything is written."""
 import enum
+import json
 import math
 import os
 from collections import Counter, OrderedDict, defaultdict
@@ -45,8 +46,6 @@ def _same(a, b):
 
 def test_round_trip_keeps_types():
     tree, tensors = state_tree.encode(STATE, "client_state")
-    import json
-
     tree = json.loads(json.dumps(tree))  # what meta.json gives back
     _same(state_tree.decode(tree, lambda key: tensors[int(key)].clone()), STATE)
     assert state_tree.has_tensors(tree) and not state_tree.has_tensors({"a": [1, (2,)]})

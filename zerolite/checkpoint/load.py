@@ -196,7 +196,7 @@ def _client_tree(engine, meta) -> tuple[int, object]:
     """(the rank whose saved client_state this rank gets, that state's tree). Under stage 3
     each rank gets its own, as DeepSpeed; a rank the saving run did not have gets rank 0's."""
     ranks = meta.get("client_state_ranks")
-    if not meta.get("client_state_per_rank") or not ranks:
+    if not ranks:
         return 0, meta.get("client_state")
     src = engine.rank if engine.rank < len(ranks) else 0
     if engine.rank >= len(ranks) and any(t is not None for t in ranks):

@@ -277,8 +277,8 @@ def _meta(engine, tag, save_id, layout, optim_meta, sched_tree, results, exclude
         "config": engine.config.to_dict(),
         "versions": _versions(),
         "client_state": client_trees[0],
-        "client_state_per_rank": per_rank_client,
-        # a rank's own tree where it differs from rank 0's (None: the same tree)
+        # Stage 3 only: per rank, its own tree where it differs from rank 0's (None: the same
+        # tree, its tensors still in that rank's file). Absent (None): rank 0's for everyone.
         "client_state_ranks": [None if t == client_trees[0] else t for t in client_trees]
         if per_rank_client else None,
         "exclude_frozen_parameters": exclude_frozen,
