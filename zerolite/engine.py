@@ -23,7 +23,7 @@ from zerolite.device import default_device, make_device_layer, place_module
 from zerolite.engine_accessors import DeepSpeedAccessors
 from zerolite.fragments import TensorFragments
 from zerolite.errors import ZeroliteStateError
-from zerolite.monitor import TrainingMonitor
+from zerolite.monitor import ThroughputTimer, TrainingMonitor
 from zerolite.config.offload import OffloadConfig
 from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 from zerolite.offload.plan import build_plan
@@ -153,6 +153,9 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         self._torch_backward_start: float | None = None
         self._last_step_time = time.perf_counter()
         self.monitor = TrainingMonitor(config, self.rank, self.world_size)
+        self.tput_timer = ThroughputTimer(self.train_batch_size(),
+                                          synchronize=self.device_layer.synchronize)
+        """DeepSpeed's throughput counters (monitor.py); started in forward, stopped in step."""
         self._window = _StepWindow()
         self.last_step_stats = None
         """Communication/compute accounting of the last optimizer step (zero/step_stats.py)."""
@@ -195,6 +198,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
     # -- the training loop -------------------------------------------------------------
     def forward(self, *args, **kwargs):
         set_phase("forward")
+        if self.module.training:
+            self.tput_timer.start()
         start = time.perf_counter()
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
             args, kwargs = tree_map(_to_half, (args, kwargs))
@@ -299,7 +304,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         set_phase("step")
         start = time.perf_counter()
         self._step_applied = False
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             if self.optimizer is None:
                 raise ZeroliteStateError("engine.step(): no optimizer; add an \"optimizer\" "
                                          "section to the config or pass optimizer= to initialize")
@@ -317,6 +323,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
             self._after_optimizer_step()
         else:
             self._window.step_s += time.perf_counter() - start
+        self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
 
     def _after_optimizer_step(self) -> None:

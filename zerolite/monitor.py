@@ -23,6 +23,7 @@ import csv
 import importlib.util
 import logging
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -212,3 +213,67 @@ def _make_visible() -> None:
     logger.addHandler(handler)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
+
+
+class ThroughputTimer:
+    """`engine.tput_timer`, DeepSpeed's throughput counters: the engine starts it in forward
+    and stops it in step(); programs read its counts and call `update_epoch_count()` at an
+    epoch's end (DeepSpeed-Chat does). As in DeepSpeed, time is counted from global step
+    `start_step` on, so the warm-up steps do not skew `avg_samples_per_sec()`. It logs
+    nothing: TrainingMonitor's progress line is the engine's one report."""
+
+    def __init__(self, batch_size: int, start_step: int = 2, synchronize=None):
+        self.batch_size = 1 if batch_size is None else batch_size
+        self.start_step = start_step
+        self.synchronize = synchronize
+        """Called before reading the clock (the device's synchronize), so a step's time
+        includes the kernels it queued."""
+        self.epoch_count = 0
+        self.micro_step_count = 0
+        self.global_step_count = 0
+        self.total_elapsed_time = 0.0
+        self.step_elapsed_time = 0.0
+        self.start_time = 0.0
+        self.end_time = 0.0
+        self.started = False
+        self.initialized = False
+
+    def update_epoch_count(self) -> None:
+        self.epoch_count += 1
+        self.micro_step_count = 0
+
+    def _now(self) -> float:
+        if self.synchronize is not None:
+            self.synchronize()
+        return time.time()
+
+    def start(self) -> None:
+        self.initialized = self.started = True
+        if self.global_step_count >= self.start_step:
+            self.start_time = self._now()
+
+    def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
+        """End a micro-step (`global_step`: it ended with an optimizer step). `report_speed`
+        is accepted for DeepSpeed's signature; the progress line is TrainingMonitor's."""
+        if not self.started:
+            return
+        self.started = False
+        self.micro_step_count += 1
+        if global_step:
+            self.global_step_count += 1
+        if self.start_time > 0:
+            self.end_time = self._now()
+            duration = self.end_time - self.start_time
+            self.total_elapsed_time += duration
+            self.step_elapsed_time += duration
+            if global_step:
+                self.step_elapsed_time = 0.0
+
+    def avg_samples_per_sec(self) -> float:
+        """Samples per second over the timed global steps; -inf until one has been timed."""
+        if self.global_step_count == 0:
+            return float("-inf")
+        timed_steps = self.global_step_count - self.start_step
+        if timed_steps <= 0 or self.total_elapsed_time <= 0:
+            return float("-inf")
+        return self.batch_size / (self.total_elapsed_time / timed_steps)
