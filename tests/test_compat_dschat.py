@@ -1,0 +1,134 @@
+"""Acceptance: DeepSpeed-Chat's step-1 program (compat_scripts/dschat_sft.py, written as that
+program is) run unchanged by `torchrun -m zerolite.as_deepspeed` at world 2, ZeRO-3, against
+the same program without DeepSpeed in one process.
+
+It checks what DeepSpeed-Chat relies on and a plain Trainer run does not reach: the model
+built by `from_pretrained` under `HfDeepSpeedConfig` (partitioned by zero.Init while it
+loads), `resize_token_embeddings` under ZeRO-3 (a plain embedding swapped in while gathered,
+the tied head following it), FusedAdam with weight-decay groups and a Transformers cosine
+schedule passed to initialize, perplexity under `model.eval()`, `model.tput_timer`, and the
+ZeRO-3 save that gathers one parameter at a time and keeps `v.data.cpu()` (on a CPU engine
+that is the gathered buffer itself, so it must not be recycled by the next gather).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("transformers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "dschat_sft.py")
+# k_proj's bias has an exactly zero gradient (softmax ignores a shift of every score by the
+# same amount), so Adam normalises rounding noise into updates of ~lr/1e3: compared loosely.
+ZERO_GRAD = "k_proj.bias"
+
+
+def _run(args, cwd, ranks=0):
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60",
+               HF_HUB_OFFLINE="1")
+    launch = [sys.executable]
+    if ranks:
+        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                   str(ranks), "-m", "zerolite.as_deepspeed"]
+    proc = subprocess.run(launch + [SCRIPT, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+
+
+def _results(out, ranks=2):
+    return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def _weights(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dschat") / "init"
+    _run(["--make-init", str(path)], path.parent)
+    return path
+
+
+def _train_both(init, tmp_path, *extra):
+    common = ["--model_name_or_path", str(init), *extra]
+    _run([*common, "--zero_stage", "3", "--output_dir", str(tmp_path / "ds")], tmp_path, ranks=2)
+    _run([*common, "--reference", "2", "--init_state", str(tmp_path / "ds/init/pytorch_model.bin"),
+          "--output_dir", str(tmp_path / "ref")], tmp_path)
+    return _results(tmp_path / "ds"), _results(tmp_path / "ref")
+
+
+def _assert_same_training(ds, ref, tmp_path):
+    for mine, theirs in zip(ds, ref):
+        losses = torch.tensor(theirs["loss"], dtype=torch.float64)
+        assert len(losses) == 12 and losses[-4:].mean() < losses[:4].mean() - 0.2  # it learns
+        torch.testing.assert_close(torch.tensor(mine["loss"], dtype=torch.float64), losses,
+                                   rtol=1e-6, atol=0)
+        assert mine["lr"] == pytest.approx(theirs["lr"], rel=1e-12)
+        assert mine["ppl"] == pytest.approx(theirs["ppl"], rel=1e-6)
+        assert mine["ppl"][-1] < mine["ppl"][0] * 0.8
+        assert mine["epochs"] == 2
+    trained, expected = _weights(tmp_path / "ds/pytorch_model.bin"), _weights(
+        tmp_path / "ref/pytorch_model.bin")
+    assert sorted(trained) == sorted(expected)
+    for name, value in trained.items():
+        tol = dict(rtol=0, atol=1e-4) if ZERO_GRAD in name else dict(rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(value, expected[name], **tol, msg=name)
+
+
+def test_dschat_sft_zero3_matches_single_process(init, tmp_path):
+    ds, ref = _train_both(init, tmp_path)
+    _assert_same_training(ds, ref, tmp_path)
+    assert all(r["param_dtype"] == "torch.float32" and not r["checkpointing"] for r in ds)
+
+    # What the model was before training, written by DeepSpeed-Chat's own ZeRO-3 save right
+    # after resize_token_embeddings: the pretrained weights exactly, the embedding grown from
+    # 50 to 56 rows (53 tokens, rounded up to 8) with its first 50 rows kept.
+    from safetensors.torch import load_file
+
+    pretrained = load_file(str(init / "model.safetensors"))
+    start = _weights(tmp_path / "ds/init/pytorch_model.bin")
+    assert sorted(start) == sorted(pretrained)
+    for name, value in pretrained.items():
+        if name == "model.decoder.embed_tokens.weight":
+            assert start[name].shape == (56, 32)
+            assert torch.equal(start[name][:50], value)
+            assert start[name][50:].abs().sum() > 0
+        else:
+            assert torch.equal(start[name], value), name
+
+    # The saved model is an ordinary Transformers model (config.json from rank 0's
+    # save_hf_format, weights from the ZeRO-3 save that replaced its empty tensors).
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ds"))
+    trained = _weights(tmp_path / "ds/pytorch_model.bin")
+    for name, value in reloaded.named_parameters():
+        assert torch.equal(value.detach(), trained[name]), name
+    assert reloaded.lm_head.weight is reloaded.model.decoder.embed_tokens.weight
+
+
+@pytest.mark.slow
+def test_dschat_sft_accumulation_and_checkpointing_match(init, tmp_path):
+    ds, ref = _train_both(init, tmp_path, "--gradient_accumulation_steps", "2",
+                          "--gradient_checkpointing")
+    _assert_same_training(ds, ref, tmp_path)
+    assert all(r["checkpointing"] for r in ds)
+
+
+@pytest.mark.slow
+def test_dschat_sft_bfloat16_block_is_honoured(init, tmp_path):
+    """DeepSpeed-Chat spells bf16 as the "bfloat16" block: the model trains in bf16 and stays
+    within bf16's precision of the fp32 reference."""
+    ds, ref = _train_both(init, tmp_path, "--dtype", "bf16")
+    for mine, theirs in zip(ds, ref):
+        assert mine["param_dtype"] == "torch.bfloat16"
+        torch.testing.assert_close(torch.tensor(mine["loss"]), torch.tensor(theirs["loss"]),
+                                   rtol=2e-3, atol=0)
+    trained = _weights(tmp_path / "ds/pytorch_model.bin")
+    assert {v.dtype for v in trained.values()} == {torch.bfloat16}
