@@ -63,7 +63,7 @@ def _train_both(init, tmp_path, *extra):
     return _results(tmp_path / "ds"), _results(tmp_path / "ref")
 
 
-def _assert_same_training(ds, ref, tmp_path):
+def _assert_same_training(ds, ref, tmp_path, gas=1):
     for mine, theirs in zip(ds, ref):
         losses = torch.tensor(theirs["loss"], dtype=torch.float64)
         assert len(losses) == 12 and losses[-4:].mean() < losses[:4].mean() - 0.2  # it learns
@@ -73,6 +73,12 @@ def _assert_same_training(ds, ref, tmp_path):
         assert mine["ppl"] == pytest.approx(theirs["ppl"], rel=1e-6)
         assert mine["ppl"][-1] < mine["ppl"][0] * 0.8
         assert mine["epochs"] == 2
+        # tput_timer: micro-steps per epoch (reset by update_epoch_count), optimizer steps in
+        # all, samples per second from the third step on
+        micro = len(losses) // 2
+        steps = micro // gas
+        assert [t[:2] for t in mine["tput"]] == [[micro, steps], [micro, 2 * steps]]
+        assert mine["tput"][1][2] > 0
     trained, expected = _weights(tmp_path / "ds/pytorch_model.bin"), _weights(
         tmp_path / "ref/pytorch_model.bin")
     assert sorted(trained) == sorted(expected)
@@ -117,7 +123,7 @@ def test_dschat_sft_zero3_matches_single_process(init, tmp_path):
 def test_dschat_sft_accumulation_and_checkpointing_match(init, tmp_path):
     ds, ref = _train_both(init, tmp_path, "--gradient_accumulation_steps", "2",
                           "--gradient_checkpointing")
-    _assert_same_training(ds, ref, tmp_path)
+    _assert_same_training(ds, ref, tmp_path, gas=2)
     assert all(r["checkpointing"] for r in ds)
 
 

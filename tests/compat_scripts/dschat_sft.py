@@ -262,7 +262,7 @@ def main_deepspeed(args):
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
 
-    result = {"ppl": [evaluation(model, eval_dataloader)], "loss": [], "lr": [],
+    result = {"ppl": [evaluation(model, eval_dataloader)], "loss": [], "lr": [], "tput": [],
               "epochs": None, "bf16": model.bfloat16_enabled(),
               "param_dtype": str(next(model.module.parameters()).dtype),
               "checkpointing": model.module.is_gradient_checkpointing}
@@ -277,7 +277,10 @@ def main_deepspeed(args):
             result["loss"].append(loss.item())
             result["lr"].append(lr_scheduler.get_last_lr()[0])
         result["ppl"].append(evaluation(model, eval_dataloader))
-        model.tput_timer.update_epoch_count()
+        timer = model.tput_timer
+        result["tput"].append([timer.micro_step_count, timer.global_step_count,
+                               timer.avg_samples_per_sec()])
+        timer.update_epoch_count()
     result["epochs"] = model.tput_timer.epoch_count
 
     if args.global_rank == 0:
