@@ -138,3 +138,83 @@ def test_dschat_sft_bfloat16_block_is_honoured(init, tmp_path):
                                    rtol=2e-3, atol=0)
     trained = _weights(tmp_path / "ds/pytorch_model.bin")
     assert {v.dtype for v in trained.values()} == {torch.bfloat16}
+
+
+class Critic(torch.nn.Module):
+    """DeepSpeed-Chat's reward/critic model shape: a transformer body and a value head, with
+    the method the program calls through the engine (`critic_engine.forward_value(...)`) not
+    being `forward`, so neither the engine's forward nor the root module's runs."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.rwtransformer = body
+        self.v_head = torch.nn.Linear(body.cfg.d_model, 1, bias=False)
+
+    def forward_value(self, idx):
+        body = self.rwtransformer
+        x = body.tok_emb(idx) + body.pos_emb(torch.arange(idx.shape[1]))
+        for block in body.blocks:
+            x = block(x)
+        return self.v_head(body.ln_f(x)).squeeze(-1)
+
+    def forward(self, idx, targets):  # the reference's loss, the same computation
+        return value_loss(self.forward_value(idx), targets)
+
+
+def value_loss(values, targets):
+    return ((values - targets.float() / 256) ** 2).mean()
+
+
+def _critic(seed=0):
+    from gpt_cases import TINY, tiny_gpt
+
+    import dataclasses
+
+    torch.manual_seed(seed)
+    body = tiny_gpt(seed, cfg=dataclasses.replace(TINY, n_layer=4))
+    torch.manual_seed(seed + 1)
+    return Critic(body)
+
+
+def _train_critic_through_forward_value(rank, world):
+    import zerolite
+    from zerolite.testing.reference import rank_micro_batches
+    from zerolite.zero.sharded_model import gather_full_state_dict
+
+    from gpt_cases import batches, ds_config
+
+    cfg = ds_config(world)
+    block = 12 * 32 ** 2 + 13 * 32
+    # one block prefetched and one gradient in flight: pooled buffers are reused
+    cfg["zero_optimization"].update(stage3_prefetch_bucket_size=block, reduce_bucket_size=block)
+    engine, *_ = zerolite.initialize(model=_critic(), config=cfg)
+    losses = []
+    for batch in batches(6):
+        total = torch.zeros((), dtype=torch.float64)
+        for x, y in rank_micro_batches(batch, rank, world, engine.gradient_accumulation_steps()):
+            loss = value_loss(engine.forward_value(x), y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.item()
+        torch.distributed.all_reduce(total)
+        losses.append(total.item() / (world * engine.gradient_accumulation_steps()))
+    return {"losses": losses, "params": gather_full_state_dict(engine.sharded)}
+
+
+def test_critic_forward_value_through_the_engine_matches_reference():
+    import copy
+
+    from zerolite.testing.multiprocess import run_ranks
+    from zerolite.testing.reference import train_reference
+
+    from gpt_cases import CLIP, adamw, batches
+
+    ref_losses, ref_params = train_reference(copy.deepcopy(_critic()), batches(6), adamw,
+                                             clip=CLIP)
+    assert ref_losses[-1] < ref_losses[0] * 0.8
+    for r in run_ranks(_train_critic_through_forward_value, 2):
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref_losses),
+                                   rtol=1e-5, atol=0)
+        for name, value in ref_params.items():
+            torch.testing.assert_close(r["params"][name], value, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"{name}: {m}")

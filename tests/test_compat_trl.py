@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "trl_tiny.py")
 CONFIG = os.path.join(ROOT, "tests", "compat_scripts", "hf_ds_config_zero3_auto.json")
 UNITS = 3  # the root and the two decoder layers
+OWNERS = 3 + 2 * 9  # modules holding parameters: embed, norm, head; 4 attn, 3 mlp, 2 norms
+HOOKS = [2 * UNITS + 2 * OWNERS, 2 * UNITS]  # unit hooks (2 + 2 each), direct-call pairs
 
 
 def _run(args, cwd, ranks=1, alias=False):
@@ -74,7 +76,7 @@ def test_trl_sft_zero3_matches_single_process(init, tmp_path):
         assert rank["during"] == {"status": ["AVAILABLE"], "numel": rank["during"]["numel"],
                                   "hooks": [0, 0], "trace_invalid": False}
         assert rank["during"]["numel"] > 0 and rank["after"]["numel"] == 0
-        assert rank["after"]["hooks"] == [2 * UNITS, 2 * UNITS]
+        assert rank["after"]["hooks"] == HOOKS
     assert ref["before"] is None
 
 
@@ -107,7 +109,7 @@ def test_trl_grpo_zero3_generates_and_matches_ddp(init, grpo_ddp, tmp_path, gath
         # After every generation: partitioned again, hooks in place; after TRL's round trip
         # the trace is to be re-recorded.
         assert rank["after_generation"] == [{"status": ["NOT_AVAILABLE"], "numel": 0,
-                                             "hooks": [2 * UNITS, 2 * UNITS],
+                                             "hooks": HOOKS,
                                              "trace_invalid": gather}] * 4
         # Each step after a generation gathers again in its training forward and backward
         # (more than the generation's own gather of every unit).

@@ -2,7 +2,9 @@
 `param.ds_status` / ZeroParamStatus, `engine.optimizer.parameter_offload` with its hook lists,
 `param.ds_active_sub_modules`, the coordinator's trace calls and `_register_deepspeed_module`,
 and a custom autograd Function that saves a parameter and reads its `ds_status` in backward
-(TRL's chunked loss). World 2, gloo; losses against a plain single-process run."""
+(TRL's chunked loss), and modules called on their own, outside their unit's forward (DeepSpeed
+gathers module by module, so `model.get_input_embeddings()(ids)` works there). World 2, gloo;
+losses against a plain single-process run."""
 import copy
 
 import pytest
@@ -17,9 +19,11 @@ from zerolite.testing.multiprocess import run_ranks
 from zerolite.testing.reference import train_engine, train_reference
 from zerolite.zero import GatheredParameters, Init
 from zerolite.zero.param_status import ZeroParamStatus, ZeroParamType
+from zerolite.zero.sharded_model import gather_full_state_dict
 
 from gpt_cases import CLIP, adamw, batches, ds_config, reference_run, tiny_gpt
 
+HOOKS = (6 + 2 * 16, 6)
 AVAILABLE, NOT_AVAILABLE, INFLIGHT = (ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE,
                                       ZeroParamStatus.INFLIGHT)
 
@@ -93,6 +97,8 @@ def _trl_generation_round_trip(rank, world):
     offload._register_deepspeed_module(model)
     out["block0_hooks"] = (len(model.blocks[0]._forward_pre_hooks),
                            len(model.blocks[0]._forward_hooks))
+    out["block0_fc_hooks"] = (len(model.blocks[0].fc._forward_pre_hooks),
+                              len(model.blocks[0].fc._forward_hooks))
     offload._remove_module_hooks()
     x = batches(1)[0][0][:2]
     with torch.no_grad():
@@ -136,7 +142,9 @@ def test_trl_generation_round_trip_keeps_training_exact():
     # Training through the round trip is the plain run's (gathers happen again after it).
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     assert out["offload_module_is_model"] and out["invalid_at_start"]
-    assert out["hooks"] == (6, 6)  # 3 units (root, 2 blocks) x (gather/release, arm backward)
+    # 3 units (root, 2 blocks) x (gather/release, arm backward), and a direct-call pair on each
+    # of the 16 modules holding parameters (4 in the root unit, 6 per block)
+    assert out["hooks"] == HOOKS
     # ds_status in block 0's forward of a step with a recorded order: block 1 is prefetched.
     assert out["probe"] == {"block0": ["AVAILABLE"], "block1": ["INFLIGHT"], "active": {1}}
     assert out["complete"] and out["active_after"] == set() and out["outside"] == ["NOT_AVAILABLE"]
@@ -148,11 +156,12 @@ def test_trl_generation_round_trip_keeps_training_exact():
     torch.testing.assert_close(gen["logits"], _plain_logits(2, x), rtol=1e-5, atol=1e-5)
     assert gen["invalid_after_invalidate"]
     assert gen["after"] == ["NOT_AVAILABLE"] and gen["numel_after"] == 0
-    assert gen["hooks_after"] == (6, 6)
+    assert gen["hooks_after"] == HOOKS
     assert out["invalid_after_generation"]  # the next step records afresh ...
     assert out["complete_again"] and out["prefetched_last_step"] > 0  # ... and prefetches again
 
     assert out["block0_hooks"] == (2, 2)  # not hooked twice
+    assert out["block0_fc_hooks"] == (1, 1)
     assert out["unhooked_forward"] == "RuntimeError"
     torch.testing.assert_close(out["rehooked_logits"], _plain_logits(4, x), rtol=1e-5, atol=1e-5)
     errors = out["errors"]
@@ -321,7 +330,7 @@ def test_deepspeed_unwrap_model_for_generation_gathers_once_and_training_goes_on
     torch.testing.assert_close(out["logits"], _plain_logits(2, batches(1)[0][0][:2]),
                                rtol=1e-5, atol=1e-5)
     assert out["after"] == ["NOT_AVAILABLE"] and out["numel_after"] == 0
-    assert out["hooks_after"] == (6, 6)
+    assert out["hooks_after"] == HOOKS
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     assert "expected the engine deepspeed.initialize returned, got GPT" in out["plain_module"]
 
@@ -351,3 +360,62 @@ def test_ds_tensor_is_this_ranks_live_piece_of_the_param():
         torch.testing.assert_close(before, initial[name].detach().reshape(-1), rtol=0, atol=0)
         torch.testing.assert_close(after, full.reshape(-1), rtol=0, atol=0)
         assert not torch.equal(before, after), name
+
+
+class _DirectCalls(nn.Module):
+    """The computation the test runs through submodules called on their own: the root unit's
+    ln_f and block 1's fc, never the model's or the block's forward."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, h, _targets=None):
+        return self.model.blocks[1].fc(self.model.ln_f(h)).square().mean()
+
+
+def _direct_inputs():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 256, (8, 16), generator=g)
+    return ids, [torch.randn(8, 16, 32, generator=g) for _ in range(3)]
+
+
+def _direct_calls(rank, world):
+    engine, *_ = zerolite.initialize(model=tiny_gpt(), config=ds_config(world, gas=1))
+    model = engine.module
+    ids, hs = _direct_inputs()
+    out = {}
+    with torch.no_grad():
+        out["emb"] = model.tok_emb(ids)  # the root unit, gathered for the call ...
+        out["fc"] = model.blocks[1].fc(hs[0])
+    out["after_no_grad"] = _statuses(engine.parameters())  # ... and released after it
+    losses = []
+    for h in hs:
+        loss = _DirectCalls(model)(h[rank * 4:(rank + 1) * 4])
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    out["after_steps"] = _statuses(engine.parameters())
+    out["losses"] = losses
+    out["params"] = gather_full_state_dict(engine.sharded)
+    return out
+
+
+def test_modules_called_on_their_own_gather_train_and_release():
+    ids, hs = _direct_inputs()
+    plain = tiny_gpt()
+    with torch.no_grad():
+        emb, fc = plain.tok_emb(ids), plain.blocks[1].fc(hs[0])
+    ref = _DirectCalls(tiny_gpt())
+    _, ref_params = train_reference(ref, [(h, h) for h in hs], adamw, clip=CLIP)
+    moved = ref_params["model.blocks.1.fc.weight"] - tiny_gpt().blocks[1].fc.weight
+    assert moved.abs().max() > 1e-4  # the reference trains what the direct calls touch
+    for rank, out in enumerate(run_ranks(_direct_calls, 2)):
+        torch.testing.assert_close(out["emb"], emb, rtol=0, atol=0)
+        torch.testing.assert_close(out["fc"], fc, rtol=1e-6, atol=1e-6)
+        assert out["after_no_grad"] == out["after_steps"] == ["NOT_AVAILABLE"]
+        # What the calls used; the others get no gradient, so torch's AdamW leaves them
+        # alone while a flat-shard optimizer (DeepSpeed's, zerolite's) decays them.
+        for name in ("ln_f.weight", "ln_f.bias", "blocks.1.fc.weight", "blocks.1.fc.bias"):
+            torch.testing.assert_close(out["params"][name], ref_params["model." + name],
+                                       rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")

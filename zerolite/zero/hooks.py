@@ -6,6 +6,10 @@ Per unit, four module hooks (install_unit_hooks; module_hooks.py owns their hand
   "backward" hooks   -> armed in forward: a "pre-backward" hook on the unit's outputs
                         (re-gather before its backward) and a "post-backward" hook on its
                         inputs (its backward is done)
+and two on every module inside the unit that owns some of its parameters directly:
+  direct-call hooks  -> called outside the unit's own forward (DeepSpeed gathers module by
+                        module, so programs call an embedding or a value head on its own):
+                        gather the unit before, release it after unless backward needs it
 Per parameter (install_grad_hooks; the sharded model owns them):
   grad arrival hook  -> before autograd accumulates it: make sure the unit is gathered (a
                         param used outside its unit's forward, e.g. read at the root level
@@ -39,6 +43,10 @@ class UnitEvents(Protocol):
     def before_unit_forward(self, unit: Unit) -> None: ...
 
     def after_unit_forward(self, unit: Unit, needs_backward: bool) -> None: ...
+
+    def before_direct_call(self, unit: Unit) -> None: ...
+
+    def after_direct_call(self, unit: Unit, needs_backward: bool) -> None: ...
 
     def before_unit_backward(self, unit: Unit) -> None: ...
 
@@ -77,7 +85,19 @@ def install_unit_hooks(model: UnitEvents, unit: Unit) -> tuple[list, list]:
                                                with_kwargs=True)
     bwd_post = module.register_forward_hook(_make_arm_pre_backward(model, unit))
     fwd_post = module.register_forward_hook(_make_post_forward(model, unit))
-    return [fwd_pre, fwd_post], [bwd_pre, bwd_post]
+    direct = []
+    for owner in owner_submodules(unit):
+        direct.append(owner.register_forward_pre_hook(_make_pre_direct_call(model, unit)))
+        direct.append(owner.register_forward_hook(_make_post_direct_call(model, unit)))
+    return [fwd_pre, fwd_post, *direct], [bwd_pre, bwd_post]
+
+
+def owner_submodules(unit: Unit) -> list[torch.nn.Module]:
+    """The modules below the unit's module that hold some of its parameters themselves (not
+    through a child): the ones a program can call without the unit's module running."""
+    mine = {id(p) for flat in unit.flats for p in flat.params}
+    return [m for m in unit.module.modules() if m is not unit.module
+            and any(id(p) in mine for p in m.parameters(recurse=False))]
 
 
 def _make_pre_forward(model: UnitEvents, unit: Unit):
@@ -115,6 +135,22 @@ def _make_post_forward(model: UnitEvents, unit: Unit):
     def hook(module, args, output):
         needs_backward = torch.is_grad_enabled() and bool(_grad_tensors(output))
         model.after_unit_forward(unit, needs_backward=needs_backward)
+        return None
+
+    return hook
+
+
+def _make_pre_direct_call(model: UnitEvents, unit: Unit):
+    def hook(module, args):
+        model.before_direct_call(unit)
+
+    return hook
+
+
+def _make_post_direct_call(model: UnitEvents, unit: Unit):
+    def hook(module, args, output):
+        needs_backward = torch.is_grad_enabled() and bool(_grad_tensors(output))
+        model.after_direct_call(unit, needs_backward=needs_backward)
         return None
 
     return hook

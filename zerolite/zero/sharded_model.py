@@ -327,6 +327,32 @@ class ShardedModel:
         else:
             self.residency.release(unit)
 
+    def before_direct_call(self, unit: Unit) -> None:
+        """A module holding some of `unit`'s parameters runs outside the unit's forward
+        (`model.get_input_embeddings()(ids)`; a critic's `forward_value` calling its body and
+        value head). DeepSpeed fetches per module, so this works there: gather the unit."""
+        if unit.index in unit.active_modules or self.in_backward:
+            if self.in_backward:  # a recompute inside backward
+                self.residency.ensure_gathered(unit, None)
+            unit.direct_calls.append(False)
+            return
+        if torch.is_grad_enabled():
+            # autograd may keep views of this (or an inner unit's) buffer until backward
+            self.pool.reuse_blocked = True
+        gathers = unit.state is UnitState.SHARDED
+        unit.direct_calls.append(gathers)
+        self.residency.ensure_gathered(unit, None)
+
+    def after_direct_call(self, unit: Unit, needs_backward: bool) -> None:
+        """Release what the call gathered, unless backward will need it (backward's end
+        releases it then). A call nested in another finds the unit gathered: the outer
+        call's end decides."""
+        if not unit.direct_calls:  # the hooks were re-registered while the call ran
+            return
+        gathered_here = unit.direct_calls.pop()
+        if gathered_here and not needs_backward and unit.index not in unit.active_modules:
+            self.residency.release(unit)
+
     @property
     def in_backward(self) -> bool:
         return self.state is TrainingState.BACKWARD

@@ -61,6 +61,9 @@ class Unit:
         """Forward calls whose backward has not reached the unit's inputs yet."""
         self.reduced_flats = 0
         """Trainable flats whose reduce-scatter was launched in the current backward."""
+        self.direct_calls: list[bool] = []
+        """One entry per owner-submodule call in progress outside the unit's forward (hooks.py):
+        whether that call gathered the unit (so its end may release it)."""
         self.forward_start = 0.0
         self.backward_start = 0.0
         """When this unit's last forward / backward began (StatsRecorder clock), for traces."""
