@@ -80,6 +80,27 @@ def test_trl_sft_zero3_matches_single_process(init, tmp_path):
     assert ref["before"] is None
 
 
+@pytest.mark.slow
+def test_trl_sft_lora_zero3_matches_single_process(init, tmp_path):
+    """PEFT's LoRA through SFTTrainer(peft_config=...): adapters added to a model the engine
+    then shards with its frozen base; the adapters' modules are called from the base layers'
+    forward, and only they train."""
+    pytest.importorskip("peft")
+    common = ["sft", "--init", str(init), "--steps", "4", "--lora"]
+    _run([*common, "--out", str(tmp_path / "ref"), "--per_device", "4"], tmp_path)
+    _run([*common, "--out", str(tmp_path / "ds"), "--per_device", "2", "--deepspeed", CONFIG],
+         tmp_path, ranks=2, alias=True)
+    (ref,) = _results(tmp_path / "ref", 1)
+    losses = _series(ref, "loss")
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.05  # the adapters learn
+    for rank in _results(tmp_path / "ds", 2):
+        torch.testing.assert_close(_series(rank, "loss"), losses, rtol=1e-5, atol=0)
+        torch.testing.assert_close(_series(rank, "grad_norm"), _series(ref, "grad_norm"),
+                                   rtol=1e-5, atol=0)
+        assert rank["samples"] == ref["samples"]
+        assert rank["after"]["status"] == ["NOT_AVAILABLE"]
+
+
 @pytest.fixture(scope="module")
 def grpo_ddp(init, tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo_ddp")

@@ -94,11 +94,20 @@ def run_sft(a):
     from trl import SFTConfig, SFTTrainer
     from trl.models import unwrap_model_for_generation
 
-    args = SFTConfig(**common_args(a), max_length=16, dataset_text_field="text")
+    overrides = {"learning_rate": 3e-2} if a.lora else {}  # adapters start at zero: learn faster
+    args = SFTConfig(**{**common_args(a), **overrides}, max_length=16, dataset_text_field="text")
     model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(a.init)
     data = Dataset.from_dict({"text": texts(a.steps * 4 * a.gas, seed=1)})
-    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    peft_config = None
+    if a.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, bias="none",
+                                 target_modules=["q_proj", "v_proj", "down_proj"],
+                                 task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                         peft_config=peft_config)
     trainer.train()
     engine = trainer.model_wrapped
     before = param_facts(engine)
@@ -163,6 +172,7 @@ def main():
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--no-gather", action="store_true",
                    help="GRPO: ds3_gather_for_generation=False (generate through the hooks)")
+    p.add_argument("--lora", action="store_true", help="SFT: PEFT LoRA adapters on a frozen model")
     p.add_argument("--local_rank", type=int, default=-1)
     a = p.parse_args()
     if a.make_init:
