@@ -9,6 +9,11 @@ the tied head following it), FusedAdam with weight-decay groups and a Transforme
 schedule passed to initialize, perplexity under `model.eval()`, `model.tput_timer`, and the
 ZeRO-3 save that gathers one parameter at a time and keeps `v.data.cpu()` (on a CPU engine
 that is the gathered buffer itself, so it must not be recycled by the next gather).
+
+Its step 3 is not run whole; what it needs beyond step 1 is: a critic trained through
+`forward_value` (not `forward`) called on the engine, and several ZeRO-3 engines in one
+process, an actor and a critic stepping in turns beside a frozen model in an engine without
+an optimizer, each against its own single-process reference.
 """
 import json
 import os
@@ -218,3 +223,72 @@ def test_critic_forward_value_through_the_engine_matches_reference():
         for name, value in ref_params.items():
             torch.testing.assert_close(r["params"][name], value, rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"{name}: {m}")
+
+
+def _engines_side_by_side(rank, world):
+    """DeepSpeed-Chat step 3's shape: an actor and a critic training in turns, and a frozen
+    reference model as an engine without an optimizer, all ZeRO-3 in one process."""
+    import zerolite
+    from zerolite.testing.reference import rank_micro_batches
+
+    from gpt_cases import batches, ds_config, tiny_gpt
+
+    actor, *_ = zerolite.initialize(model=tiny_gpt(0), config=ds_config(world))
+    critic, *_ = zerolite.initialize(model=_critic(1), config=ds_config(world))
+    eval_config = {k: v for k, v in ds_config(world).items() if k != "optimizer"}
+    ref, *_ = zerolite.initialize(model=tiny_gpt(0), config=eval_config)
+    ref.eval()
+    out = {"actor": [], "critic": [], "ref_logits": [], "ref_optimizer": ref.optimizer}
+    gas = actor.gradient_accumulation_steps()
+    for batch in batches(4):
+        with torch.no_grad():  # "generate_experience": every model, no grad
+            x0 = rank_micro_batches(batch, rank, world, gas)[0][0]
+            out["ref_logits"].append(ref(x0))
+            actor.eval(), critic.eval()
+            actor(x0), critic.forward_value(x0)
+            actor.train(), critic.train()
+        for x, y in rank_micro_batches(batch, rank, world, gas):
+            loss = actor(x, y)
+            actor.backward(loss)
+            actor.step()
+            value = value_loss(critic.forward_value(x), y)
+            critic.backward(value)
+            critic.step()
+            out["actor"].append(loss.item())
+            out["critic"].append(value.item())
+    return out
+
+
+def test_actor_critic_and_frozen_reference_engines_side_by_side():
+    import copy
+
+    from zerolite.testing.multiprocess import run_ranks
+    from zerolite.testing.reference import rank_micro_batches, train_reference
+
+    from gpt_cases import CLIP, GAS, adamw, batches, tiny_gpt
+
+    # The references train on the whole global batch; each step's first micro-step loss of
+    # every rank is recomputed from the reference weights at the start of that step.
+    actor_ref, critic_ref = tiny_gpt(0), _critic(1)
+    frozen = tiny_gpt(0)
+    actor_states, critic_states = [], []
+    for steps in range(4):
+        actor_states.append(train_reference(copy.deepcopy(tiny_gpt(0)), batches(4)[:steps],
+                                            adamw, clip=CLIP)[1])
+        critic_states.append(train_reference(copy.deepcopy(_critic(1)), batches(4)[:steps],
+                                             adamw, clip=CLIP)[1])
+    results = run_ranks(_engines_side_by_side, 2)
+    for rank, out in enumerate(results):
+        assert out["ref_optimizer"] is None
+        for step, batch in enumerate(batches(4)):
+            actor_ref.load_state_dict(actor_states[step])
+            critic_ref.load_state_dict(critic_states[step])
+            micro = rank_micro_batches(batch, rank, 2, GAS)
+            with torch.no_grad():
+                torch.testing.assert_close(out["ref_logits"][step], frozen(micro[0][0]),
+                                           rtol=1e-6, atol=1e-6)
+                # the first micro-step of each step runs on the step's starting weights
+                x, y = micro[0]
+                assert out["actor"][step * GAS] == pytest.approx(actor_ref(x, y).item(), rel=1e-5)
+                assert out["critic"][step * GAS] == pytest.approx(critic_ref(x, y).item(),
+                                                                  rel=1e-5)
