@@ -1,9 +1,16 @@
-"""Collect DeepSpeed's public names, module by module, into docs/deepspeed_names.json.
+"""Collect DeepSpeed's public names, module by module, into docs/deepspeed_names.json, and
+the public surface of its engine (DeepSpeedEngine, what `deepspeed.initialize` returns).
 
 Run it with a Python where the real DeepSpeed is installed (a venv of its own: the project's
 does not have it), from the repository root:
 
     DS_ACCELERATOR=cpu /path/to/ds-venv/bin/python tools/deepspeed_names.py
+
+The engine's surface is read from DeepSpeed's source alone (no DeepSpeed import), so it can be
+refreshed with any Python, from an installed DeepSpeed or an unpacked wheel, leaving the
+module names as they are:
+
+    python tools/deepspeed_names.py --engine-only [--source DIR]   # DIR holds deepspeed/
 
 A module's public names are its `__all__` when it has one; otherwise every name without a
 leading underscore that the module defines itself (def, class or assignment at top level of
@@ -11,11 +18,17 @@ its source) or, for a package's `__init__`, imports from inside DeepSpeed (a re-
 Names a module merely imports for its own use (torch, typing, other DeepSpeed modules' helpers
 in a plain module) are not its API. tools/deepspeed_inventory.py classifies the result
 against zerolite's alias; tests/test_deepspeed_inventory.py keeps the two in step.
+
+The engine's public methods are the functions defined in DeepSpeedEngine's class body without
+a leading underscore (properties and static methods marked as such); its public attributes are
+the names it assigns as `self.<name>` anywhere in the class, less those methods.
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import json
@@ -94,16 +107,95 @@ def public_names(module_name: str) -> dict[str, str]:
     return {n: _kind(getattr(mod, n)) for n in sorted(set(names)) if hasattr(mod, n)}
 
 
-def main() -> None:
-    import deepspeed
+ENGINE_FILE = os.path.join("runtime", "engine.py")
+ENGINE_CLASS = "DeepSpeedEngine"
 
-    out = {"deepspeed_version": deepspeed.__version__,
-           "modules": {m: public_names(m) for m in MODULES}}
+
+def _package_dir(source: str | None) -> str:
+    """DeepSpeed's package directory: `source`/deepspeed (or `source` itself when it is the
+    package), else the installed one, found without importing it."""
+    if source is not None:
+        for candidate in (os.path.join(source, "deepspeed"), source):
+            if os.path.isfile(os.path.join(candidate, ENGINE_FILE)):
+                return candidate
+        raise SystemExit(f"--source {source}: no deepspeed/{ENGINE_FILE} there")
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("deepspeed is not installed here; pass --source DIR (an unpacked wheel)")
+    return list(spec.submodule_search_locations)[0]
+
+
+def _source_version(package_dir: str) -> str:
+    """The version DeepSpeed's build recorded in git_version_info_installed.py, else the
+    installed distribution's."""
+    path = os.path.join(package_dir, "git_version_info_installed.py")
+    if os.path.isfile(path):
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "version" for t in node.targets):
+                return ast.literal_eval(node.value)
+    return importlib.metadata.version("deepspeed")
+
+
+def _decorators(node) -> set[str]:
+    return {d.id if isinstance(d, ast.Name) else d.attr for d in node.decorator_list
+            if isinstance(d, (ast.Name, ast.Attribute))}
+
+
+def engine_names(package_dir: str) -> dict:
+    """{"methods": {name: "method" | "property" | "staticmethod"}, "attributes": [names]} of
+    DeepSpeedEngine, from its source."""
+    tree = ast.parse(open(os.path.join(package_dir, ENGINE_FILE), encoding="utf-8").read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == ENGINE_CLASS)
+    methods: dict[str, str] = {}
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and not node.name.startswith("_"):
+            marks = _decorators(node)
+            kind = ("property" if "property" in marks or "setter" in marks else
+                    "staticmethod" if "staticmethod" in marks else "method")
+            methods[node.name] = "property" if methods.get(node.name) == "property" else kind
+    attributes = {n.attr for n in ast.walk(cls)
+                  if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                  and isinstance(n.value, ast.Name) and n.value.id == "self"
+                  and not n.attr.startswith("_")}
+    return {"methods": dict(sorted(methods.items())),
+            "attributes": sorted(attributes - set(methods))}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine-only", action="store_true",
+                        help="refresh only the engine's names (no DeepSpeed import needed)")
+    parser.add_argument("--source", metavar="DIR",
+                        help="read DeepSpeed's source from DIR (holding deepspeed/) instead of "
+                             "the installed package")
+    args = parser.parse_args(argv)
+    package_dir = _package_dir(args.source)
+    version = _source_version(package_dir)
+    if args.engine_only:
+        out = json.load(open(OUT, encoding="utf-8"))
+        if out["deepspeed_version"] != version:
+            raise SystemExit(f"{package_dir} is DeepSpeed {version}, the module names are "
+                             f"{out['deepspeed_version']}'s: refresh both (without "
+                             "--engine-only, with that DeepSpeed installed)")
+    else:
+        import deepspeed
+
+        if deepspeed.__version__ != version:
+            raise SystemExit(f"the imported DeepSpeed ({deepspeed.__version__}) is not the one "
+                             f"at {package_dir} ({version})")
+        out = {"deepspeed_version": deepspeed.__version__,
+               "modules": {m: public_names(m) for m in MODULES}}
+    out["engine"] = engine_names(package_dir)
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, sort_keys=True)
         f.write("\n")
     total = sum(len(v) for v in out["modules"].values())
-    print(f"{OUT}: {total} names in {len(MODULES)} modules (DeepSpeed {deepspeed.__version__})")
+    engine = out["engine"]
+    print(f"{OUT}: {total} names in {len(MODULES)} modules; DeepSpeedEngine: "
+          f"{len(engine['methods'])} methods, {len(engine['attributes'])} attributes "
+          f"(DeepSpeed {version})")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,10 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         super().__init__()
         self.module = model
         self._config = config
+        self._initialize_args = {"optimizer": optimizer, "lr_scheduler": lr_scheduler,
+                                 "training_data": training_data, "collate_fn": collate_fn}
+        """What initialize was given (DeepSpeed's client_optimizer, client_lr_scheduler,
+        training_data, collate_fn; engine_accessors.py)."""
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
         place_module(model, self.device, slice_of=partition_info)
         self.rank = dist.get_rank()
