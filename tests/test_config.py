@@ -266,6 +266,8 @@ BAD = [
     ("hysteresis-zero", with_(fp16={"hysteresis": 0}), 1, "fp16.hysteresis"),
     ("bf16-twice", with_(bf16={"enabled": True}, bfloat16={"enabled": True}), 1, "bf16"),
     ("amp-on", with_(amp={"enabled": True}), 1, "amp.enabled"),
+    ("unmanaged-accumulation", with_(managed_gradient_accumulation=False), 1,
+     "managed_gradient_accumulation"),
     ("comm-dtype", with_(communication_data_type="int8"), 1, "communication_data_type"),
     ("clip-string", with_(gradient_clipping="1.0"), 1, "gradient_clipping"),
     ("clip-negative", with_(gradient_clipping=-1.0), 1, "gradient_clipping"),

@@ -132,7 +132,8 @@ def _config_with(key: str) -> dict | None:
     if key == "amp.enabled":
         return {"amp": {"enabled": False}}
     if len(parts) == 1 and parts[0] not in batch.BATCH_KEYS:
-        special = {"amp": {"enabled": False}, "bfloat16": {"enabled": False}}
+        special = {"amp": {"enabled": False}, "bfloat16": {"enabled": False},
+                   "managed_gradient_accumulation": True}
         field = {f.name: f for f in dataclasses.fields(ZeroConfig)}.get(parts[0])
         if field is not None and field.default is not dataclasses.MISSING:
             special[parts[0]] = field.default

@@ -210,6 +210,10 @@ def top_rows() -> list[Row]:
                     "or bf16); disabled, it loads.", _status("amp")))
     rows.append(Row("amp.enabled", "bool", "false", "Switch apex AMP on: refused.",
                     STATUS[REJECTED]))
+    rows.append(Row("managed_gradient_accumulation", "bool", "true", "The engine counts "
+                    "micro-steps and reduces gradients at the accumulation boundary. `false` "
+                    "(DeepSpeed's caller-owned boundary, where step() alone reduces) is refused.",
+                    _status("managed_gradient_accumulation")))
     for name in TOP_LEVEL_IGNORED:
         if name not in fields and name not in _core._TOP_MODELLED:
             rows.append(Row(name, "any", "", "DeepSpeed feature zerolite does not have; the "

@@ -39,7 +39,8 @@ _TOP_MODELLED = frozenset(BATCH_KEYS) | {
     "optimizer", "scheduler", "fp16", "bf16", "bfloat16", "amp", "gradient_clipping",
     "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "zero_optimization",
-    "activation_checkpointing", "zerolite", "csv_monitor", "tensorboard"}
+    "activation_checkpointing", "zerolite", "csv_monitor", "tensorboard",
+    "managed_gradient_accumulation"}
 
 
 @dataclass
@@ -206,6 +207,12 @@ class ZeroConfig:
             enabled = amp.get("enabled", False)
             if not is_auto(enabled) and check_bool("amp.enabled", enabled):
                 fail("amp.enabled", enabled, "false (apex AMP is not supported; use fp16 or bf16)")
+        managed = raw.get("managed_gradient_accumulation", True)
+        if not is_auto(managed) and not check_bool("managed_gradient_accumulation", managed):
+            fail("managed_gradient_accumulation", managed,
+                 "true (the engine counts micro-steps and reduces at the accumulation boundary; "
+                 "DeepSpeed's caller-owned boundaries, where step() alone reduces, are not "
+                 "built)")
         clip = raw.get("gradient_clipping", 0.0)
         if is_auto(clip):
             clip = 1.0

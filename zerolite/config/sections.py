@@ -131,7 +131,9 @@ class ZeroOptimizationConfig(Section):
         "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
     }
     _EXTRA_KNOWN: ClassVar[frozenset] = frozenset(
-        {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "allgather_size"})
+        {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "allgather_size",
+         "compute_grad_norm", "allgather_sequential", "parameter_alignment",
+         "enable_sanity_checks", "zenflow", "save_muon_momentum_buffer_in_memory"})
     _AUTO_DEFAULT: ClassVar[frozenset] = frozenset(
         {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "allgather_bucket_size",
          "overlap_comm", "sub_group_size", "stage3_max_live_parameters",

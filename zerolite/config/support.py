@@ -50,6 +50,7 @@ def _build() -> dict[str, str]:
     table: dict[str, str] = {k: IGNORED for k in TOP_LEVEL_IGNORED}
     table.update({k: HONOURED for k in _HONOURED_TOP})
     table["amp"] = REJECTED
+    table["managed_gradient_accumulation"] = REJECTED  # false is; true is what zerolite does
     for f in dataclasses.fields(Fp16Config):
         table[f"fp16.{f.name}"] = _field_support(f)
     for key in Bf16Config._EXTRA_KNOWN:
