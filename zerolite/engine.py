@@ -467,12 +467,14 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
 
     # -- accessors (DeepSpeed names) ---------------------------------------------------
     def get_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
+        return [g.get("lr", 0.0) for g in self.optimizer.param_groups] if self.optimizer else []
 
     def get_mom(self) -> list:
+        """Each group's betas (momentum for SGD / RMSprop style groups); 0.0 where a group has
+        neither, as DeepSpeed."""
         out = []
         for g in (self.optimizer.param_groups if self.optimizer else []):
-            out.append(g["betas"] if "betas" in g else g.get("momentum"))
+            out.append(g["betas"] if "betas" in g else g.get("momentum", 0.0))
         return out
 
     def get_global_grad_norm(self) -> float | None:
