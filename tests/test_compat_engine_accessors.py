@@ -371,4 +371,42 @@ def test_refusals_are_the_engines_methods():
 
     for name in REFUSED:
         assert getattr(ZeroEngine, name).__doc__.startswith("Refused:")
-    assert ZeroEngine.compile is not torch.nn.Module.compile
+    assert ZeroEngine.compile is not torch.nn.Module.compile  # DeepSpeed's, not torch's
+
+
+def _compiled(rank, world):
+    from torch._dynamo.utils import counters
+
+    from zerolite.testing.reference import train_engine
+
+    engine, *_ = zerolite.initialize(model=tiny_gpt(), config=ds_config(world))
+    engine.compile(backend="eager")
+    engine.compile(backend="eager")  # a second call is a no-op, as in DeepSpeed
+    losses = train_engine(engine, batches(4), rank, world)
+    refused = {}
+    for kwargs in ({"schedule": [(0, [])]}, {"compiled_autograd_enabled": True}):
+        try:
+            engine.compile(**kwargs)
+        except DeepSpeedFeatureNotSupported as e:
+            refused[next(iter(kwargs))] = str(e)
+    return {"losses": losses, "is_compiled": engine.is_compiled,
+            "compiled_call": engine.module._compiled_call_impl is not None,
+            "frames": counters["stats"]["unique_graphs"],
+            "recompile_limit": sum(n for why, n in counters["unimplemented"].items()
+                                   if "recompile limit" in why),
+            "refused": refused}
+
+
+def test_engine_compile_trains_as_the_reference():
+    """engine.compile (Accelerate calls it for a dynamo backend): the model's forward runs
+    through dynamo, the units' hooks stay eager, and training is the reference's."""
+    from gpt_cases import reference_run
+
+    ref_losses, _ = reference_run(4)
+    for r in run_ranks(_compiled, 2):
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref_losses),
+                                   rtol=1e-5, atol=0)
+        assert r["is_compiled"] and r["compiled_call"] and r["frames"] > 0
+        assert r["recompile_limit"] == 0
+        assert "DeepCompile schedules" in r["refused"]["schedule"]
+        assert "compiled autograd" in r["refused"]["compiled_autograd_enabled"]

@@ -129,7 +129,7 @@ ENGINE_INTERNAL: list[tuple[str, str]] = [
     (r"clip_fp32_gradients", "the engine's own clipping step (zerolite clips in the update)"),
     (r"compile_autosp|compile_autotp|compile_zero_optimization_stage|"
      r"uses_parallelization_pass_only",
-     "deepcompile's pass selection (engine.compile is refused; is_deepcompile_enabled() is False)"),
+     "deepcompile's pass selection (zerolite has no DeepCompile: is_deepcompile_enabled() is False)"),
     (r"module_forward_pre_hook|module_forward_post_hook", "deepcompile's hook handles"),
     (r"get_data_types", "picks DeepSpeed's optimizer wrapper from the data_types block"),
     (r"get_optimizer_configuration", "builds DeepSpeed's optimizer class from the config"),

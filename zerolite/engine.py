@@ -76,6 +76,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                                  "training_data": training_data, "collate_fn": collate_fn}
         """What initialize was given (DeepSpeed's client_optimizer, client_lr_scheduler,
         training_data, collate_fn; engine_accessors.py)."""
+        self._compiled = False
+        """engine.compile() has compiled the model (DeepSpeed's engine.is_compiled)."""
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
         place_module(model, self.device, slice_of=partition_info)
         self.rank = dist.get_rank()

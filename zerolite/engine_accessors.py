@@ -22,7 +22,7 @@ from zerolite.errors import (
 _DATA_EFFICIENCY = ("DeepSpeed's data-efficiency library: curriculum learning, data sampling, "
                     "random-LTD")
 _AUTOTUNER = "the autotuner"
-_COMPILE = "compiling the engine: engine.compile, deepcompile and its compile passes"
+_COMPILE = "DeepCompile and its compile passes (engine.compile runs torch.compile without them)"
 _FLOPS = "the flops profiler"
 _TP = "tensor parallelism"
 _AUTOCAST = "DeepSpeed's torch_autocast mode; use bf16 or fp16"
@@ -53,7 +53,7 @@ REFUSED: dict[str, str] = {
         "autotuning_end_profile_step", "autotuning_metric", "autotuning_metric_path",
         "autotuning_model_info_path", "autotuning_start_profile_step")},
     **{name: _COMPILE for name in (
-        "compile", "get_autosp_backend", "get_autotp_backend", "get_compile_time",
+        "get_autosp_backend", "get_autotp_backend", "get_compile_time",
         "get_deepcompile_backend", "get_deepspeed_compile_backend", "register_compile_pass")},
     **{name: _DATA_EFFICIENCY for name in (
         "curriculum_learning_config", "data_efficiency_config", "data_sampling_config",
@@ -88,7 +88,7 @@ def _refused_method(name: str, why: str):
 
 RefusedEngineMethods = type("RefusedEngineMethods", (), {
     "__doc__": "The REFUSED methods, as a base of DeepSpeedAccessors (ahead of nn.Module, so "
-               "a refused `compile` shadows torch's).",
+               "DeepSpeed's names shadow torch's where they collide).",
     **{name: _refused_method(name, why) for name, why in REFUSED.items()}})
 
 
@@ -594,7 +594,7 @@ class DeepSpeedAccessors(RefusedEngineMethods):
         return False
 
     def is_deepcompile_enabled(self) -> bool:
-        """False: zerolite has no deepcompile (engine.compile is refused)."""
+        """False: zerolite has no DeepCompile (engine.compile runs plain torch.compile)."""
         return False
 
     def is_deepcompile_active(self) -> bool:
@@ -602,8 +602,25 @@ class DeepSpeedAccessors(RefusedEngineMethods):
 
     @property
     def is_compiled(self) -> bool:
-        """False: engine.compile is refused, so the engine is never compiled."""
-        return False
+        return self._compiled
+
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None,
+                schedule=None, compiled_autograd_enabled: bool = False) -> None:
+        """torch.compile the model's forward, as DeepSpeed's engine.compile does without
+        DeepCompile (Accelerate calls it when a dynamo backend is configured). The units'
+        gather and release hooks stay eager (zero/hooks.py), so each unit's forward compiles
+        between them. Compiling twice is a no-op, as in DeepSpeed."""
+        if schedule is not None:
+            raise DeepSpeedFeatureNotSupported(not_supported_message(
+                "DeepSpeedEngine.compile(schedule=...)", "DeepCompile schedules"))
+        if compiled_autograd_enabled:
+            raise DeepSpeedFeatureNotSupported(not_supported_message(
+                "DeepSpeedEngine.compile(compiled_autograd_enabled=True)",
+                "compiled autograd (the backward runs zerolite's gradient hooks eagerly)"))
+        if self._compiled:
+            return
+        self.module.compile(**{**(compile_kwargs or {}), "backend": backend})
+        self._compiled = True
 
     def is_sanity_checks_enabled(self) -> bool:
         """False: zerolite has no ZeRO-3 sanity-check mode (enable_sanity_checks)."""

@@ -92,6 +92,14 @@ def install_unit_hooks(model: UnitEvents, unit: Unit) -> tuple[list, list]:
     return [fwd_pre, fwd_post, *direct], [bwd_pre, bwd_post]
 
 
+# [Note: hooks under torch.compile] engine.compile compiles the model's forward. The unit
+# hooks gather, release and register autograd hooks: they stay eager (a graph break around each
+# unit, so each unit's forward compiles on its own, as DeepSpeed keeps its fetch eager). The
+# direct-call hooks are skipped while compiling (a module called on its own inside a compiled
+# forward finds its unit gathered by the unit's hooks; called outside, it is run eagerly).
+_eager = torch.compiler.disable
+
+
 def owner_submodules(unit: Unit) -> list[torch.nn.Module]:
     """The modules below the unit's module that hold some of its parameters themselves (not
     through a child): the ones a program can call without the unit's module running."""
@@ -101,6 +109,7 @@ def owner_submodules(unit: Unit) -> list[torch.nn.Module]:
 
 
 def _make_pre_forward(model: UnitEvents, unit: Unit):
+    @_eager
     def hook(module, args):
         model.before_unit_forward(unit)
 
@@ -108,6 +117,7 @@ def _make_pre_forward(model: UnitEvents, unit: Unit):
 
 
 def _make_arm_post_backward(model: UnitEvents, unit: Unit):
+    @_eager
     def hook(module, args, kwargs):
         inputs = _grad_tensors((args, kwargs))
         # Not during a recompute inside backward (activation checkpointing): those inputs'
@@ -121,6 +131,7 @@ def _make_arm_post_backward(model: UnitEvents, unit: Unit):
 
 
 def _make_arm_pre_backward(model: UnitEvents, unit: Unit):
+    @_eager
     def hook(module, args, output):
         outputs = _grad_tensors(output)
         if outputs and torch.is_grad_enabled() and not model.in_backward:
@@ -132,6 +143,7 @@ def _make_arm_pre_backward(model: UnitEvents, unit: Unit):
 
 
 def _make_post_forward(model: UnitEvents, unit: Unit):
+    @_eager
     def hook(module, args, output):
         needs_backward = torch.is_grad_enabled() and bool(_grad_tensors(output))
         model.after_unit_forward(unit, needs_backward=needs_backward)
@@ -142,13 +154,16 @@ def _make_post_forward(model: UnitEvents, unit: Unit):
 
 def _make_pre_direct_call(model: UnitEvents, unit: Unit):
     def hook(module, args):
-        model.before_direct_call(unit)
+        if not torch.compiler.is_compiling():
+            model.before_direct_call(unit)
 
     return hook
 
 
 def _make_post_direct_call(model: UnitEvents, unit: Unit):
     def hook(module, args, output):
+        if torch.compiler.is_compiling():
+            return None
         needs_backward = torch.is_grad_enabled() and bool(_grad_tensors(output))
         model.after_direct_call(unit, needs_backward=needs_backward)
         return None
