@@ -26,11 +26,11 @@ def _script_module(path=SCRIPT):
     return mod
 
 
-def _launch(script, out, world):
+def _launch(script, out, world, *args):
     """torchrun the script under the alias; returns the per-rank results."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           str(world), "-m", "zerolite.as_deepspeed", script, "--out", str(out)]
+           str(world), "-m", "zerolite.as_deepspeed", script, "--out", str(out), *args]
     proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     # Note: a finished run must exit 0. The abort at interpreter exit this test once reported
@@ -66,6 +66,16 @@ def check_mlp_against_reference(runs, world):
 def test_accelerate_deepspeed_plugin_matches_single_process(tmp_path):
     runs = _launch(SCRIPT, tmp_path, 2)
     check_mlp_against_reference(runs, 2)
+    assert not any(r["compiled"] for r in runs)
+
+
+@pytest.mark.slow
+def test_accelerate_dynamo_backend_compiles_the_engine_and_matches(tmp_path):
+    """Accelerator(dynamo_backend=...): Accelerate calls engine.compile(backend=...,
+    compile_kwargs=...) after deepspeed.initialize; training is still the reference's."""
+    runs = _launch(SCRIPT, tmp_path, 2, "--dynamo", "eager")
+    check_mlp_against_reference(runs, 2)
+    assert all(r["compiled"] for r in runs)
 
 
 def test_accelerate_client_scheduler_drives_every_group_and_resumes(tmp_path):

@@ -4,7 +4,8 @@ weights (accelerator.get_state_dict) in --out.
 
     torchrun --nproc_per_node 2 -m zerolite.as_deepspeed accelerate_mlp.py --out DIR
 
-With --from-launcher the script makes a plain `Accelerator()`: the DeepSpeed config comes from
+With --dynamo BACKEND Accelerate compiles the engine (engine.compile). With --from-launcher
+the script makes a plain `Accelerator()`: the DeepSpeed config comes from
 `accelerate launch --use_deepspeed --zero_stage 3 --gradient_accumulation_steps 2
 --gradient_clipping 0.5 ...` instead.
 """
@@ -49,6 +50,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--local_rank", type=int, default=-1)
     p.add_argument("--from-launcher", dest="from_launcher", action="store_true")
+    p.add_argument("--dynamo", default=None, help="Accelerator(dynamo_backend=...): "
+                   "Accelerate compiles the engine (engine.compile)")
     a = p.parse_args()
     ds_config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": GAS,
                  "gradient_clipping": CLIP,
@@ -62,7 +65,8 @@ def main():
         accelerator = Accelerator()
         assert accelerator.gradient_accumulation_steps == GAS
     else:
-        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config))
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config),
+                                  dynamo_backend=a.dynamo)
     model, optimizer = model_and_optimizer()
     x, y = data(accelerator.num_processes)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
@@ -85,6 +89,7 @@ def main():
                    "deepspeed": deepspeed.__file__, "world": accelerator.num_processes,
                    "zero": [model.zero_optimization_stage(), model.gradient_accumulation_steps(),
                             model.gradient_clipping()],
+                   "compiled": model.is_compiled,
                    "state": {k: v.tolist() for k, v in state.items()} if rank == 0 else None}, f)
 
 
