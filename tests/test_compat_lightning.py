@@ -65,3 +65,72 @@ def test_lightning_deepspeed_strategy_matches_single_process(reference, tmp_path
 def test_lightning_deepspeed_strategy_on_gpu(tmp_path):
     ref, rank = reference_and_gpu_run(SCRIPT, tmp_path)
     _check_against(ref, [rank], world=1, atol=1e-5)  # the reference runs on the CPU
+
+
+def _bf16_reference(world=2):
+    """Lightning's bf16-mixed on DeepSpeed as plain torch (zerolite/testing/bf16_reference.py):
+    inputs and targets cast to bf16 (DeepSpeedPrecision.convert_input), the loss in bf16 and
+    divided by accumulate_grad_batches (Lightning) and by gradient_accumulation_steps again
+    (engine.backward), fp32 masters under AdamW + the per-step LambdaLR, clipping 0.5. Each
+    optimizer step's global batch is the ranks' micro-batches (the DistributedSampler Lightning
+    gives each rank: shuffled with seed 0, set_epoch every epoch), one piece each."""
+    import importlib.util
+    import os
+    import sys
+
+    import torch.nn.functional as F
+
+    from client_runs import SCRIPTS
+    from zerolite.testing.bf16_reference import train_bf16_master_reference
+
+    sys.path.insert(0, SCRIPTS)
+    spec = importlib.util.spec_from_file_location("lightning_tiny",
+                                                  os.path.join(SCRIPTS, SCRIPT))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    data = m.loader(world, reference=False).dataset
+    batches = []
+    for epoch in range(2):
+        ranks = []
+        for rank in range(world):
+            sampler = torch.utils.data.DistributedSampler(data, num_replicas=world, rank=rank,
+                                                          shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            ranks.append(list(sampler))
+        per_rank = len(ranks[0])
+        for start in range(0, per_rank, m.MICRO * m.GAS):
+            rows = [i for idx in ranks for i in idx[start:start + m.MICRO * m.GAS]]
+            x, y = data[rows]
+            batches.append((x, y))
+    torch.manual_seed(0)
+    model = m.Regressor()
+
+    def loss_fn(work, x, y):
+        return F.mse_loss(work(x.bfloat16()), y.bfloat16()) / m.GAS
+
+    losses, state = train_bf16_master_reference(
+        model, batches, loss_fn,
+        lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01), clip=m.CLIP,
+        pieces=world * m.GAS,
+        make_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s)))
+    return torch.tensor(losses) * m.GAS, state  # the losses as Lightning records them
+
+
+@pytest.mark.slow
+def test_lightning_bf16_mixed_matches_the_bf16_master_reference(tmp_path):
+    """precision="bf16-mixed": the engine trains bf16 parameters from fp32 masters exactly as
+    the plain-torch bf16 + fp32-masters reference does, step for step, and resumes bit for
+    bit."""
+    ref_losses, ref_state = _bf16_reference()
+    ranks = run_client(SCRIPT, tmp_path / "ds", "--stage", "3", "--cpu-as-cuda",
+                       "--precision", "bf16-mixed", ranks=2)
+    assert ref_losses[6:].mean() < ref_losses[:6].mean() - 0.05  # it learns
+    micro = torch.tensor([r["losses"] for r in ranks], dtype=torch.float64)  # rank x micro
+    steps = micro.view(2, 12, 2).mean(dim=(0, 2))
+    torch.testing.assert_close(steps, ref_losses.double(), rtol=1e-6, atol=0)
+    for r in ranks:
+        assert r["dtype"] == "torch.bfloat16" and r["global_step"] == 12
+        for name, master in ref_state.items():
+            got = torch.tensor(r["state"][name], dtype=torch.bfloat16)
+            torch.testing.assert_close(got, master.bfloat16(), rtol=0, atol=0, msg=name)
+        assert r["resumed"]["losses"] == r["losses"] and r["resumed"]["state"] == r["state"]

@@ -109,7 +109,7 @@ def fit(a, epochs, ckpt_dir, resume_from=None):
     else:
         strategy, accelerator, devices = "auto", "cpu", 1
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, strategy=strategy,
-                         max_epochs=epochs, accumulate_grad_batches=GAS,
+                         max_epochs=epochs, accumulate_grad_batches=GAS, precision=a.precision,
                          gradient_clip_val=CLIP, callbacks=[record, checkpoint], logger=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
@@ -123,11 +123,13 @@ def main():
                    help="build the layers in LightningModule.configure_model")
     p.add_argument("--strategy", default=None,
                    help="a registered strategy name instead of DeepSpeedStrategy(stage=...)")
+    p.add_argument("--precision", default="32-true", help="Trainer(precision=...)")
     a = p.parse_args()
     trainer, model, record, _ = fit(a, 2, os.path.join(a.out, "whole"))
     result = {"losses": record.losses, "lrs": record.lrs, "world": trainer.world_size,
               "partitioned_at_build": model.partitioned_at_build,
-              "state": gathered_state(model, a.stage), "global_step": trainer.global_step}
+              "state": gathered_state(model, a.stage), "global_step": trainer.global_step,
+              "dtype": str(next(model.parameters()).dtype)}
     # Stop after the first epoch, save through the Trainer, resume in a new Trainer.
     half, ckpt_dir = os.path.join(a.out, "half.ckpt"), os.path.join(a.out, "resumed")
     trainer, model, first, _ = fit(a, 1, ckpt_dir)

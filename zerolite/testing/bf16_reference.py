@@ -30,8 +30,9 @@ def split_rows(batch, pieces: int):
 
 def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimizer, *,
                                 clip: float = 0.0, pieces: int = 1,
-                                dtype: torch.dtype = torch.bfloat16):
+                                dtype: torch.dtype = torch.bfloat16, make_scheduler=None):
     """loss_fn(module, inputs, targets) -> scalar loss (the module runs in `dtype`).
+    `make_scheduler(optimizer)`: an LR scheduler stepped after every optimizer step.
 
     Returns (per-step mean losses, final fp32 master state dict by parameter name).
     """
@@ -43,6 +44,7 @@ def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimiz
     work = copy.deepcopy(model).to(dtype)
     work_params = list(dict.fromkeys(work.parameters()))
     opt = make_optimizer(masters)
+    sched = make_scheduler(opt) if make_scheduler is not None else None
     losses = []
     for batch in batches:
         grads = [torch.zeros_like(m) for m in masters]
@@ -61,6 +63,8 @@ def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimiz
             clip_grads_([m.grad for m in masters], clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if sched is not None:
+            sched.step()
         with torch.no_grad():
             for p, m in zip(work_params, masters):
                 p.copy_(m)
