@@ -46,7 +46,7 @@ class UnitEvents(Protocol):
 
     def before_direct_call(self, unit: Unit) -> None: ...
 
-    def after_direct_call(self, unit: Unit, needs_backward: bool) -> None: ...
+    def after_direct_call(self, unit: Unit, output) -> None: ...
 
     def before_unit_backward(self, unit: Unit) -> None: ...
 
@@ -162,10 +162,8 @@ def _make_pre_direct_call(model: UnitEvents, unit: Unit):
 
 def _make_post_direct_call(model: UnitEvents, unit: Unit):
     def hook(module, args, output):
-        if torch.compiler.is_compiling():
-            return None
-        needs_backward = torch.is_grad_enabled() and bool(_grad_tensors(output))
-        model.after_direct_call(unit, needs_backward=needs_backward)
+        if unit.direct_calls and not torch.compiler.is_compiling():
+            model.after_direct_call(unit, output)
         return None
 
     return hook

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves
 
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer
@@ -343,14 +344,16 @@ class ShardedModel:
         unit.direct_calls.append(gathers)
         self.residency.ensure_gathered(unit, None)
 
-    def after_direct_call(self, unit: Unit, needs_backward: bool) -> None:
-        """Release what the call gathered, unless backward will need it (backward's end
-        releases it then). A call nested in another finds the unit gathered: the outer
-        call's end decides."""
+    def after_direct_call(self, unit: Unit, output) -> None:
+        """Release what the call gathered, unless backward will need it (an `output` that
+        requires grad: backward's end releases it then). A call nested in another finds the
+        unit gathered: the outer call's end decides."""
         if not unit.direct_calls:  # the hooks were re-registered while the call ran
             return
-        gathered_here = unit.direct_calls.pop()
-        if gathered_here and not needs_backward and unit.index not in unit.active_modules:
+        if not unit.direct_calls.pop() or unit.index in unit.active_modules:
+            return
+        if not (torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(output))):
             self.residency.release(unit)
 
     @property
