@@ -10,10 +10,12 @@ schedule passed to initialize, perplexity under `model.eval()`, `model.tput_time
 ZeRO-3 save that gathers one parameter at a time and keeps `v.data.cpu()` (on a CPU engine
 that is the gathered buffer itself, so it must not be recycled by the next gather).
 
-Its step 3 is not run whole; what it needs beyond step 1 is: a critic trained through
-`forward_value` (not `forward`) called on the engine, and several ZeRO-3 engines in one
-process, an actor and a critic stepping in turns beside a frozen model in an engine without
-an optimizer, each against its own single-process reference.
+Its step 3 runs in miniature (compat_scripts/dschat_rlhf.py) on the model step 1 trained:
+four ZeRO-3 engines in one process (actor and critic training, reference and reward models
+in engines without an optimizer), the critic and reward model built by `from_config` under
+zero.Init and loaded rank 0 only through `GatheredParameters(modifier_rank=0)`, generation with
+`synced_gpus=True`, and `forward_value` called on the engines, so the body and value head run
+as modules called on their own. The same pieces are also checked one by one on the tiny GPT.
 """
 import json
 import os
@@ -28,19 +30,20 @@ pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "dschat_sft.py")
+RLHF = os.path.join(ROOT, "tests", "compat_scripts", "dschat_rlhf.py")
 # k_proj's bias has an exactly zero gradient (softmax ignores a shift of every score by the
 # same amount), so Adam normalises rounding noise into updates of ~lr/1e3: compared loosely.
 ZERO_GRAD = "k_proj.bias"
 
 
-def _run(args, cwd, ranks=0):
+def _run(args, cwd, ranks=0, script=SCRIPT):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", ZEROLITE_TIMEOUT="60",
                HF_HUB_OFFLINE="1")
     launch = [sys.executable]
     if ranks:
         launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                    str(ranks), "-m", "zerolite.as_deepspeed"]
-    proc = subprocess.run(launch + [SCRIPT, *args], cwd=cwd, env=env, capture_output=True,
+    proc = subprocess.run(launch + [script, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
 
@@ -92,8 +95,16 @@ def _assert_same_training(ds, ref, tmp_path, gas=1):
         torch.testing.assert_close(value, expected[name], **tol, msg=name)
 
 
-def test_dschat_sft_zero3_matches_single_process(init, tmp_path):
-    ds, ref = _train_both(init, tmp_path)
+@pytest.fixture(scope="module")
+def sft(init, tmp_path_factory):
+    """Step 1 at world 2 and its reference: (folder, ZeRO-3 results, reference results)."""
+    path = tmp_path_factory.mktemp("sft")
+    ds, ref = _train_both(init, path)
+    return path, ds, ref
+
+
+def test_dschat_sft_zero3_matches_single_process(init, sft):
+    tmp_path, ds, ref = sft
     _assert_same_training(ds, ref, tmp_path)
     assert all(r["param_dtype"] == "torch.float32" and not r["checkpointing"] for r in ds)
 
@@ -122,6 +133,30 @@ def test_dschat_sft_zero3_matches_single_process(init, tmp_path):
     for name, value in reloaded.named_parameters():
         assert torch.equal(value.detach(), trained[name]), name
     assert reloaded.lm_head.weight is reloaded.model.decoder.embed_tokens.weight
+
+
+def test_dschat_rlhf_step_matches_single_process(sft, tmp_path):
+    """Step 3 in miniature on step 1's model: sequences generated, reward scores, actor and
+    critic losses of every rank and step, and the four models' norms at the end."""
+    actor = sft[0] / "ds"
+    _run(["--make-critic", str(actor), str(tmp_path / "critic")], tmp_path, script=RLHF)
+    common = ["--actor", str(actor), "--critic", str(tmp_path / "critic")]
+    _run([*common, "--output_dir", str(tmp_path / "ds")], tmp_path, ranks=2, script=RLHF)
+    _run([*common, "--reference", "2", "--output_dir", str(tmp_path / "ref")], tmp_path,
+         script=RLHF)
+    ds, ref = _results(tmp_path / "ds"), _results(tmp_path / "ref")
+    assert ds[0]["ref_optimizer"]  # the reference and reward engines have no optimizer
+    for mine, theirs in zip(ds, ref):
+        assert len(mine["steps"]) == 3
+        for step, (a, b) in enumerate(zip(mine["steps"], theirs["steps"])):
+            assert a["seq"] == b["seq"], step
+            assert a["score"] == pytest.approx(b["score"], rel=1e-5, abs=1e-6)
+            assert a["actor_loss"] == pytest.approx(b["actor_loss"], rel=1e-5, abs=1e-6)
+            assert a["critic_loss"] == pytest.approx(b["critic_loss"], rel=1e-5, abs=1e-6)
+        assert mine["norms"] == pytest.approx(theirs["norms"], rel=1e-6)
+    # the ranks generated from different prompts, and the actor moved away from the reference
+    assert ds[0]["steps"][0]["seq"] != ds[1]["steps"][0]["seq"]
+    assert ds[0]["norms"][0] != pytest.approx(ds[0]["norms"][1], rel=1e-6)
 
 
 @pytest.mark.slow
