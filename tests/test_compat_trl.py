@@ -101,6 +101,26 @@ def test_trl_sft_lora_zero3_matches_single_process(init, tmp_path):
         assert rank["after"]["status"] == ["NOT_AVAILABLE"]
 
 
+@pytest.mark.slow
+def test_trl_dpo_zero3_matches_single_process(init, tmp_path):
+    """DPOTrainer with the reference model TRL builds from the model's path: under ZeRO-3 TRL's
+    prepare_deepspeed puts it in a deepspeed.initialize engine without an optimizer (and adds
+    its dotted "zero_optimization.*" keys at the top level, which DeepSpeed ignores too)."""
+    common = ["dpo", "--init", str(init), "--steps", "4"]
+    _run([*common, "--out", str(tmp_path / "ref"), "--per_device", "4"], tmp_path)
+    _run([*common, "--out", str(tmp_path / "ds"), "--per_device", "2", "--deepspeed", CONFIG],
+         tmp_path, ranks=2, alias=True)
+    (ref,) = _results(tmp_path / "ref", 1)
+    losses = _series(ref, "loss")
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.1  # the policy moves off the ref
+    for rank in _results(tmp_path / "ds", 2):
+        assert rank["ref_engine"] == "ZeroEngine" and rank["ref_optimizer"]
+        for key in ("loss", "grad_norm", "rewards/chosen", "rewards/margins"):
+            torch.testing.assert_close(_series(rank, key), _series(ref, key), rtol=1e-5,
+                                       atol=1e-6, msg=key)
+        assert rank["after"]["status"] == ["NOT_AVAILABLE"]
+
+
 @pytest.fixture(scope="module")
 def grpo_ddp(init, tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo_ddp")

@@ -160,9 +160,31 @@ def run_grpo(a):
     return {"log": trainer.state.log_history, "after_generation": facts, "gathers": gathers}
 
 
+def run_dpo(a):
+    """DPOTrainer with the reference model TRL builds itself (from the model's path); under
+    ZeRO-3 TRL puts it in a deepspeed.initialize engine without an optimizer."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    args = DPOConfig(**common_args(a), beta=0.1, max_length=16)
+    model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(a.init)
+    rows = texts(a.steps * 4 * a.gas, seed=3)
+    data = Dataset.from_dict({"prompt": [t[:4] for t in rows],
+                              "chosen": [t[4:10] for t in rows],
+                              "rejected": [t[4:10][::-1] for t in rows]})
+    trainer = DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+    ref = trainer.ref_model
+    return {"log": trainer.state.log_history,
+            "ref_engine": type(ref).__name__, "ref_optimizer": getattr(ref, "optimizer", None)
+            is None, "after": param_facts(trainer.model_wrapped)}
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", nargs="?", choices=["sft", "grpo"])
+    p.add_argument("mode", nargs="?", choices=["sft", "grpo", "dpo"])
     p.add_argument("--make-init", default=None)
     p.add_argument("--init")
     p.add_argument("--out")
@@ -178,7 +200,7 @@ def main():
     if a.make_init:
         make_init(a.make_init)
         return
-    result = run_sft(a) if a.mode == "sft" else run_grpo(a)
+    result = {"sft": run_sft, "grpo": run_grpo, "dpo": run_dpo}[a.mode](a)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"result_rank{rank}.json"), "w") as f:
