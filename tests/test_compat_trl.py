@@ -81,12 +81,15 @@ def test_trl_sft_zero3_matches_single_process(init, tmp_path):
 
 
 @pytest.mark.slow
-def test_trl_sft_lora_zero3_matches_single_process(init, tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_trl_sft_lora_zero3_matches_single_process(init, tmp_path, checkpointing):
     """PEFT's LoRA through SFTTrainer(peft_config=...): adapters added to a model the engine
     then shards with its frozen base; the adapters' modules are called from the base layers'
-    forward, and only they train."""
+    forward, and only they train. With gradient checkpointing too (TRL turns on the inputs'
+    requires_grad for PEFT, and the layers are recomputed inside backward)."""
     pytest.importorskip("peft")
     common = ["sft", "--init", str(init), "--steps", "4", "--lora"]
+    common += ["--checkpointing"] if checkpointing else []
     _run([*common, "--out", str(tmp_path / "ref"), "--per_device", "4"], tmp_path)
     _run([*common, "--out", str(tmp_path / "ds"), "--per_device", "2", "--deepspeed", CONFIG],
          tmp_path, ranks=2, alias=True)
@@ -99,6 +102,7 @@ def test_trl_sft_lora_zero3_matches_single_process(init, tmp_path):
                                    rtol=1e-5, atol=0)
         assert rank["samples"] == ref["samples"]
         assert rank["after"]["status"] == ["NOT_AVAILABLE"]
+        assert rank["checkpointing"] is ref["checkpointing"] is checkpointing
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def common_args(a):
                 logging_steps=1, save_strategy="no", report_to=[], seed=0,
                 train_sampling_strategy="sequential", dataloader_num_workers=0,
                 deepspeed=a.deepspeed, disable_tqdm=True, bf16=False,
-                use_cpu=not torch.cuda.is_available())
+                gradient_checkpointing=a.checkpointing, use_cpu=not torch.cuda.is_available())
 
 
 def param_facts(engine):
@@ -120,7 +120,8 @@ def run_sft(a):
         out = unwrapped.generate(**prompts, generation_config=config)
     samples = tok.batch_decode(out[:, prompts["input_ids"].shape[1]:], skip_special_tokens=True)
     return {"log": trainer.state.log_history, "before": before, "during": during,
-            "after": param_facts(engine), "samples": samples}
+            "after": param_facts(engine), "samples": samples,
+            "checkpointing": trainer.model.is_gradient_checkpointing}
 
 
 def reward_a(completions, **kwargs):
@@ -195,6 +196,7 @@ def main():
     p.add_argument("--no-gather", action="store_true",
                    help="GRPO: ds3_gather_for_generation=False (generate through the hooks)")
     p.add_argument("--lora", action="store_true", help="SFT: PEFT LoRA adapters on a frozen model")
+    p.add_argument("--checkpointing", action="store_true", help="gradient_checkpointing=True")
     p.add_argument("--local_rank", type=int, default=-1)
     a = p.parse_args()
     if a.make_init:
