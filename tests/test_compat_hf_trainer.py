@@ -67,6 +67,15 @@ def test_hf_trainer_zero3_matches_single_process(tmp_path):
     torch.testing.assert_close(ds_steps, ref_steps, rtol=0, atol=1e-4)
     assert ds_steps[-1] < ds_steps[0] - 0.1  # it learned something: the comparison has teeth
     assert abs(ds[0]["eval_loss"] - ref["eval_loss"]) < 1e-4
+    # A Trainer that only evaluates and predicts (DeepSpeed initialized for inference, an
+    # engine without an optimizer) before any training: the reference's loss and logits.
+    for d in ds:
+        assert d["eval_engine"] == "ZeroEngine" and not d["eval_optimizer"]
+        assert d["eval_only_loss"] == pytest.approx(ref["eval_only_loss"], rel=1e-5)
+        assert d["predicted"]["shape"] == ref["predicted"]["shape"] == [16, 16, 128]
+        assert d["predicted"]["argmax"] == ref["predicted"]["argmax"]
+        assert d["predicted"]["sum"] == pytest.approx(ref["predicted"]["sum"], rel=1e-5)
+    assert ref["eval_only_loss"] > ds[0]["eval_loss"] + 0.1  # before training: a higher loss
 
     # Resuming from checkpoint-3 (a DeepSpeed-layout global_step3 folder) continues the curve.
     assert (tmp_path / "ds" / "run" / "checkpoint-3" / "global_step3").is_dir()

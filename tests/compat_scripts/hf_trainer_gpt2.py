@@ -1,6 +1,7 @@
 """A Hugging Face Trainer script, unchanged between DeepSpeed and plain PyTorch: a small GPT-2
 from a saved checkpoint (`from_pretrained`, so ZeRO-3 builds it under zero.Init), trained,
-evaluated, saved, then trained again resuming from the Trainer checkpoint of step --save_steps.
+evaluated, saved, then trained again resuming from the Trainer checkpoint of step --save_steps;
+first of all a Trainer that only evaluates and predicts.
 
     torchrun --nproc_per_node 2 -m zerolite.as_deepspeed hf_trainer_gpt2.py --init DIR \
         --out DIR --deepspeed ds_config.json --per_device 2     # zerolite as DeepSpeed
@@ -92,6 +93,17 @@ def main():
     a = p.parse_args()
     train, evals = Tokens(a.steps * GLOBAL_BATCH, seed=1), Tokens(16, seed=2)
 
+    # Evaluation and prediction before any training (a Trainer that never trains: Transformers
+    # initializes DeepSpeed in inference mode, an engine without an optimizer).
+    eval_args = make_args(os.path.join(a.out, "eval_only"), a)
+    evaluator = Trainer(model=GPT2LMHeadModel.from_pretrained(a.init), args=eval_args,
+                        eval_dataset=evals)
+    eval_only_loss = evaluator.evaluate()["eval_loss"]
+    predicted = torch.as_tensor(evaluator.predict(evals).predictions)
+    eval_engine = type(evaluator.model_wrapped).__name__
+    eval_optimizer = getattr(evaluator.model_wrapped, "optimizer", None)
+    del evaluator
+
     first = os.path.join(a.out, "run")
     args = make_args(first, a)  # before from_pretrained: ZeRO-3 builds the model in zero.Init
     model = GPT2LMHeadModel.from_pretrained(a.init)
@@ -108,6 +120,11 @@ def main():
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     with open(os.path.join(a.out, f"result_rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "resumed": trainer.micro_losses, "eval_loss": eval_loss,
+                   "eval_only_loss": eval_only_loss, "eval_engine": eval_engine,
+                   "eval_optimizer": eval_optimizer is not None,
+                   "predicted": {"shape": list(predicted.shape),
+                                 "argmax": predicted.argmax(-1).tolist(),
+                                 "sum": float(predicted.double().sum())},
                    "engine": type(trainer.model_wrapped).__name__,
                    "offload": offload_facts(trainer.model_wrapped)}, f)
 
