@@ -100,3 +100,27 @@ def test_pool_reuses_by_size_and_drops_while_blocked():
     pool.reuse_blocked = False
     pool.give(pool.take(4, torch.float32, "cpu"))
     assert pool.held_bytes() == 16
+
+
+def _keep_released_views(rank, world):
+    """DeepSpeed-Chat's ZeRO-3 save: each parameter gathered on its own, its `p.data.cpu()`
+    kept after the release (on a CPU engine that is the gathered buffer itself)."""
+    from zerolite.zero import GatheredParameters
+    from zerolite.zero.param_status import ZeroParamStatus
+
+    engine, *_ = zerolite.initialize(model=six_blocks(), config=ds_config(world))
+    train_engine(engine, batches(1), rank, world)
+    kept = {}
+    for name, p in engine.module.named_parameters():
+        fetch = [p] if p.ds_status == ZeroParamStatus.NOT_AVAILABLE else []
+        with GatheredParameters(fetch):
+            kept[name] = p.data.cpu()
+    return {"kept": kept, "full": gather_full_state_dict(engine.sharded),
+            "dropped": engine.sharded.pool.kept_by_program}
+
+
+def test_views_a_program_keeps_of_released_params_stay_valid():
+    for r in run_ranks(_keep_released_views, 2):
+        for name, value in r["kept"].items():
+            torch.testing.assert_close(value, r["full"][name], rtol=0, atol=0, msg=name)
+        assert r["dropped"] > 0  # the kept buffers were not handed to the next gather

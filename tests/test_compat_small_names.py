@@ -35,6 +35,18 @@ def test_module_helpers_and_repeating_loader():
     assert iter(loader) is loader
 
 
+def test_compression_helper_shim_warns_and_gives_the_module_helpers():
+    """DeepSpeed 0.19 keeps deepspeed.compression.helper only for DeepSpeed-Chat's imports."""
+    import importlib
+    import sys
+
+    sys.modules.pop("zerolite.compat.deepspeed.compression.helper", None)
+    with pytest.warns(FutureWarning, match="deprecated"):
+        helper = importlib.import_module("zerolite.compat.deepspeed.compression.helper")
+    assert helper.recursive_getattr is utils.recursive_getattr
+    assert helper.recursive_setattr is utils.recursive_setattr
+
+
 def _groups(rank, world):
     pair = torch.distributed.new_group([1, 0])
     out = (utils.get_data_parallel_world_size(), utils.get_data_parallel_rank(),

@@ -15,6 +15,13 @@ Buffers that hold gathered parameters are registered with their owner while in u
 saved-tensor hooks (saved_views.py) can tell that a tensor autograd saves is a view into a
 pooled buffer and save where it points instead of the buffer itself: that is what makes it
 safe to hand the buffer to another unit right after release.
+
+[Note: a program may keep a released parameter's data] Under DeepSpeed a tensor taken from a
+gathered parameter (`p.data`, or `p.data.cpu()`, which is the same tensor on a CPU engine)
+stays valid after the parameter is released: the gather's memory lives while referenced.
+DeepSpeed-Chat's ZeRO-3 save keeps such tensors for every parameter. So a spare buffer whose
+storage something outside the pool still views is never handed out again; it is dropped and
+freed when the program lets go of it.
 """
 from __future__ import annotations
 
@@ -23,6 +30,12 @@ import torch
 
 def _key(t: torch.Tensor) -> tuple:
     return t.numel(), t.dtype, t.device
+
+
+def _viewed_elsewhere(buf: torch.Tensor) -> bool:
+    """Does a tensor other than `buf` view its storage? (`buf` and the storage object made
+    here hold one reference each.)"""
+    return torch._C._storage_Use_Count(buf.untyped_storage()._cdata) > 2
 
 
 class SpareBuffers:
@@ -57,13 +70,20 @@ class BufferPool:
         self.created = 0
         self.created_bytes = 0
         self.reused = 0
+        self.kept_by_program = 0
+        """Spare buffers dropped instead of reused because something still viewed them."""
         self.reuse_blocked = False
         """While set, released buffers are dropped instead of kept (a forward ran without
         the saved-tensor hooks, so autograd may hold views into them until backward ends)."""
 
     def take(self, numel: int, dtype: torch.dtype, device, owner=None) -> torch.Tensor:
         """A 1-D buffer of `numel` elements with undefined contents."""
-        buf = self._free.take((numel, dtype, torch.device(device)))
+        key = (numel, dtype, torch.device(device))
+        buf = self._free.take(key)
+        while buf is not None and _viewed_elsewhere(buf):  # the program kept a view of it
+            self.created_bytes -= buf.untyped_storage().nbytes()
+            self.kept_by_program += 1
+            buf = self._free.take(key)
         if buf is not None:
             self.reused += 1
         else:
