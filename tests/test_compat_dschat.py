@@ -168,6 +168,30 @@ def test_dschat_sft_accumulation_and_checkpointing_match(init, tmp_path):
 
 
 @pytest.mark.slow
+def test_dschat_sft_lora_matches(init, tmp_path):
+    """DeepSpeed-Chat's own LoRA (--lora_dim --only_optimize_lora): its layer takes over the
+    partitioned Linear weight (sized by `ds_shape`), only the factors train, and at the end it
+    fuses them into the weights under `GatheredParameters(modifier_rank=0)` before its save.
+    Its code imports `deepspeed.compression.helper` (kept by DeepSpeed 0.19 for it)."""
+    ds, ref = _train_both(init, tmp_path, "--lora_dim", "4", "--only_optimize_lora")
+    for mine, theirs in zip(ds, ref):
+        torch.testing.assert_close(torch.tensor(mine["loss"]), torch.tensor(theirs["loss"]),
+                                   rtol=1e-6, atol=0)
+        assert mine["ppl"] == pytest.approx(theirs["ppl"], rel=1e-6)
+        assert mine["ppl"][-1] < mine["ppl"][0]
+    trained, expected = _weights(tmp_path / "ds/pytorch_model.bin"), _weights(
+        tmp_path / "ref/pytorch_model.bin")
+    start = _weights(tmp_path / "ds/init/pytorch_model.bin")
+    assert sorted(trained) == sorted(expected) and not any("lora" in k for k in trained)
+    for name, value in trained.items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    fused = "model.decoder.layers.0.fc1.weight"
+    assert (trained[fused] - start[fused]).abs().max() > 1e-3  # the factors went into it
+    assert torch.equal(trained["model.decoder.embed_tokens.weight"],
+                       start["model.decoder.embed_tokens.weight"])  # frozen
+
+
+@pytest.mark.slow
 def test_dschat_sft_bfloat16_block_is_honoured(init, tmp_path):
     """DeepSpeed-Chat spells bf16 as the "bfloat16" block: the model trains in bf16 and stays
     within bf16's precision of the fp32 reference."""

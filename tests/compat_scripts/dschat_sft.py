@@ -36,6 +36,8 @@ import math
 import os
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -43,6 +45,7 @@ VOCAB = 50          # the pretrained vocabulary; the "tokenizer" adds 3 special 
 TOKENIZER_LEN = VOCAB + 3
 SEQ = 16
 NO_DECAY = ["bias", "layer_norm.weight", "layernorm.weight", "norm.weight", "ln_f.weight"]
+LORA_NAMES = ["lora_right_weight", "lora_left_weight"]
 
 
 def make_init(path):
@@ -98,16 +101,116 @@ def get_train_ds_config(stage, dtype, offload):
     return config
 
 
-def get_optimizer_grouped_parameters(model, weight_decay):
+def get_optimizer_grouped_parameters(model, weight_decay, lora_lr):
+    """DeepSpeed-Chat's groups: decayed, LoRA (its own learning rate), not decayed."""
+    def lora(n):
+        return any(nd in n.lower() for nd in LORA_NAMES)
+
+    def no_decay(n):
+        return any(nd in n.lower() for nd in NO_DECAY)
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
-        {"params": [p for n, p in model.named_parameters()
-                    if not any(nd in n.lower() for nd in NO_DECAY) and p.requires_grad],
+        {"params": [p for n, p in named if not no_decay(n) and not lora(n)],
          "weight_decay": weight_decay},
-        {"params": [p for n, p in model.named_parameters()
-                    if any(nd in n.lower() for nd in NO_DECAY) and p.requires_grad],
-         "weight_decay": 0.0},
+        {"params": [p for n, p in named if not no_decay(n) and lora(n)],
+         "weight_decay": weight_decay, "lr": lora_lr},
+        {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0},
     ]
     return [g for g in groups if g["params"]]
+
+
+class LinearLayer_LoRA(nn.Module):
+    """DeepSpeed-Chat's LoRA layer: it takes over the Linear's (ZeRO-3 partitioned) weight and
+    bias, sizes its factors from `weight.ds_shape`, freezes the weight, and can fuse."""
+
+    def __init__(self, weight, lora_dim, lora_scaling=1, bias=None):
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+        try:
+            rows, columns = weight.ds_shape  # for zero stage 3
+        except AttributeError:
+            rows, columns = weight.shape
+        self.lora_right_weight = nn.Parameter(torch.zeros(columns, lora_dim))
+        self.lora_left_weight = nn.Parameter(torch.zeros(lora_dim, rows))
+        self.lora_scaling = lora_scaling / lora_dim
+        nn.init.kaiming_uniform_(self.lora_right_weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_left_weight)
+        self.weight.requires_grad = False
+        self.fuse_lora = False
+
+    def train(self, mode=True):  # as DeepSpeed-Chat's: returns nothing
+        pass
+
+    def eval(self):
+        pass
+
+    def fuse_lora_weight(self):
+        if not self.fuse_lora:
+            self.weight.data += self.lora_scaling * torch.matmul(self.lora_left_weight.t(),
+                                                                 self.lora_right_weight.t())
+        self.fuse_lora = True
+
+    def forward(self, input):
+        if self.fuse_lora:
+            return F.linear(input, self.weight, self.bias)
+        return F.linear(input, self.weight, self.bias) + (
+            input @ self.lora_right_weight @ self.lora_left_weight) * self.lora_scaling
+
+
+def module_helpers(with_deepspeed):
+    if with_deepspeed:  # where DeepSpeed-Chat imports them from
+        from deepspeed.compression.helper import recursive_getattr, recursive_setattr
+        return recursive_getattr, recursive_setattr
+
+    def getter(model, name):
+        for part in name.split("."):
+            model = getattr(model, part)
+        return model
+
+    def setter(model, name, module):
+        parent, _, leaf = name.rpartition(".")
+        setattr(getter(model, parent) if parent else model, leaf, module)
+
+    return getter, setter
+
+
+def convert_linear_layer_to_lora(model, part_module_name, lora_dim, with_deepspeed):
+    getter, setter = module_helpers(with_deepspeed)
+    names = [n for n, m in model.named_modules()
+             if isinstance(m, nn.Linear) and part_module_name in n]
+    for name in names:
+        module = getter(model, name)
+        layer = LinearLayer_LoRA(module.weight, lora_dim, bias=module.bias)
+        setter(model, name, layer.to(module.weight.device).to(module.weight.dtype))
+    return model
+
+
+def only_optimize_lora_parameters(model):
+    for name, param in model.named_parameters():
+        param.requires_grad = any(n in name for n in LORA_NAMES)
+    return model
+
+
+def convert_lora_to_linear_layer(model, with_deepspeed):
+    """Fuse every LoRA layer (under ZeRO-3 inside GatheredParameters(modifier_rank=0))."""
+    getter, _ = module_helpers(with_deepspeed)
+    for name in [n for n, m in model.named_modules() if isinstance(m, LinearLayer_LoRA)]:
+        module = getter(model, name)
+        if not with_deepspeed:
+            module.fuse_lora_weight()
+            continue
+        import deepspeed
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        params = [p for p in (module.weight, module.bias, module.lora_left_weight,
+                              module.lora_right_weight)
+                  if hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0,
+                                               enabled=hasattr(module.weight, "ds_id")):
+            module.fuse_lora_weight()
+    return model
 
 
 def create_hf_model(model_name_or_path, ds_config):
@@ -126,8 +229,9 @@ def create_hf_model(model_name_or_path, ds_config):
     return model
 
 
-def save_zero_three_model(model, global_rank, save_dir, zero_stage):
-    """DeepSpeed-Chat's save for ZeRO-3: gather one parameter at a time, keep a CPU view."""
+def save_zero_three_model(model, global_rank, save_dir, zero_stage, keep_lora=False):
+    """DeepSpeed-Chat's save for ZeRO-3: gather one parameter at a time, keep a CPU view, leave
+    out LoRA factors (`keep_lora`: the starting state written for the reference keeps them)."""
     import deepspeed
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
@@ -144,7 +248,7 @@ def save_zero_three_model(model, global_rank, save_dir, zero_stage):
                 v_p = v.data.cpu()
         else:
             v_p = v.cpu()
-        if global_rank == 0:
+        if global_rank == 0 and (keep_lora or "lora" not in k):
             out[k] = v_p
     if global_rank == 0:
         torch.save(out, os.path.join(save_dir, "pytorch_model.bin"))
@@ -176,6 +280,10 @@ def parse_args(with_deepspeed):
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--offload", action="store_true")
     parser.add_argument("--gradient_checkpointing", action="store_true")
+    parser.add_argument("--lora_dim", type=int, default=0)
+    parser.add_argument("--lora_module_name", default="decoder.layers.")
+    parser.add_argument("--only_optimize_lora", action="store_true")
+    parser.add_argument("--lora_learning_rate", type=float, default=5e-3)
     parser.add_argument("--reference", type=int, default=0,
                         help="no DeepSpeed: one process replaying this many ranks' batches")
     parser.add_argument("--init_state", default=None)
@@ -232,8 +340,12 @@ def main_deepspeed(args):
     torch.distributed.barrier()
 
     model = create_hf_model(args.model_name_or_path, ds_config)
+    if args.lora_dim > 0:
+        model = convert_linear_layer_to_lora(model, args.lora_module_name, args.lora_dim, True)
+        if args.only_optimize_lora:
+            model = only_optimize_lora_parameters(model)
     save_zero_three_model(model, args.global_rank, os.path.join(args.output_dir, "init"),
-                          args.zero_stage)
+                          args.zero_stage, keep_lora=True)
     train_dataloader, eval_dataloader = loaders(args, world, args.global_rank)
 
     def evaluation(model, eval_dataloader):
@@ -249,7 +361,7 @@ def main_deepspeed(args):
         torch.distributed.all_reduce(perplexity, op=torch.distributed.ReduceOp.SUM)
         return (perplexity / torch.distributed.get_world_size()).item()
 
-    groups = get_optimizer_grouped_parameters(model, args.weight_decay)
+    groups = get_optimizer_grouped_parameters(model, args.weight_decay, args.lora_learning_rate)
     AdamOptimizer = DeepSpeedCPUAdam if args.offload else FusedAdam
     optimizer = AdamOptimizer(groups, lr=args.learning_rate, betas=(0.9, 0.95))
     updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
@@ -283,6 +395,8 @@ def main_deepspeed(args):
         timer.update_epoch_count()
     result["epochs"] = model.tput_timer.epoch_count
 
+    if args.lora_dim > 0:
+        model = convert_lora_to_linear_layer(model, True)
     if args.global_rank == 0:
         save_hf_format(model, args.output_dir)
     if args.zero_stage == 3:
@@ -298,6 +412,10 @@ def main_reference(args):
     world = args.reference
     set_random_seed(args.seed)
     model = create_hf_model(args.model_name_or_path, None)
+    if args.lora_dim > 0:
+        model = convert_linear_layer_to_lora(model, args.lora_module_name, args.lora_dim, False)
+        if args.only_optimize_lora:
+            model = only_optimize_lora_parameters(model)
     if args.init_state:
         state = torch.load(args.init_state, map_location="cpu", weights_only=True)
         params = dict(model.named_parameters())
@@ -318,7 +436,7 @@ def main_reference(args):
             ppl.append(torch.exp(losses / (step + 1)))
         return (sum(ppl) / world).item()
 
-    groups = get_optimizer_grouped_parameters(model, args.weight_decay)
+    groups = get_optimizer_grouped_parameters(model, args.weight_decay, args.lora_learning_rate)
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     steps_per_epoch = len(per_rank[0][0])
     updates_per_epoch = math.ceil(steps_per_epoch / args.gradient_accumulation_steps)
@@ -346,8 +464,10 @@ def main_reference(args):
         ppl = evaluation()
         for rank in range(world):
             results[rank]["ppl"].append(ppl)
+    if args.lora_dim > 0:
+        model = convert_lora_to_linear_layer(model, False)
     os.makedirs(args.output_dir, exist_ok=True)
-    torch.save({k: v.detach() for k, v in model.named_parameters()},
+    torch.save({k: v.detach() for k, v in model.named_parameters() if "lora" not in k},
                os.path.join(args.output_dir, "pytorch_model.bin"))
     for rank, result in enumerate(results):
         with open(os.path.join(args.output_dir, f"result_rank{rank}.json"), "w") as f:
