@@ -191,15 +191,11 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         return build_lr_scheduler_from_config(self.basic_optimizer, sched)
 
     def _build_dataloader(self, training_data, collate_fn):
+        """initialize's training_data as DeepSpeed loads it (deepspeed_io), in this process."""
         if training_data is None:
             return None
-        from torch.utils.data import DataLoader
-        from torch.utils.data.distributed import DistributedSampler
-
-        sampler = DistributedSampler(training_data, num_replicas=self.world_size, rank=self.rank)
-        return DataLoader(training_data, batch_size=self.train_micro_batch_size_per_gpu(),
-                          sampler=sampler, collate_fn=collate_fn,
-                          drop_last=self._config.dataloader_drop_last)
+        return self.deepspeed_io(training_data, collate_fn=collate_fn, pin_memory=False,
+                                 num_local_io_workers=0)
 
     # -- the training loop -------------------------------------------------------------
     def forward(self, *args, **kwargs):

@@ -57,7 +57,7 @@ class UnitEvents(Protocol):
     def on_param_grad(self, unit: Unit, flat: FlatParam, index: int) -> None: ...
 
 
-def _grad_tensors(obj) -> list[torch.Tensor]:
+def grad_tensors(obj) -> list[torch.Tensor]:
     return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
@@ -119,7 +119,7 @@ def _make_pre_forward(model: UnitEvents, unit: Unit):
 def _make_arm_post_backward(model: UnitEvents, unit: Unit):
     @_eager
     def hook(module, args, kwargs):
-        inputs = _grad_tensors((args, kwargs))
+        inputs = grad_tensors((args, kwargs))
         # Not during a recompute inside backward (activation checkpointing): those inputs'
         # grads may never be computed, and the unit is released by its original hooks.
         if inputs and torch.is_grad_enabled() and not unit.is_root and not model.in_backward:
@@ -133,7 +133,7 @@ def _make_arm_post_backward(model: UnitEvents, unit: Unit):
 def _make_arm_pre_backward(model: UnitEvents, unit: Unit):
     @_eager
     def hook(module, args, output):
-        outputs = _grad_tensors(output)
+        outputs = grad_tensors(output)
         if outputs and torch.is_grad_enabled() and not model.in_backward:
             register_multi_grad_hook(outputs, lambda grads: model.before_unit_backward(unit),
                                      mode="any")
@@ -145,7 +145,7 @@ def _make_arm_pre_backward(model: UnitEvents, unit: Unit):
 def _make_post_forward(model: UnitEvents, unit: Unit):
     @_eager
     def hook(module, args, output):
-        needs_backward = torch.is_grad_enabled() and bool(_grad_tensors(output))
+        needs_backward = torch.is_grad_enabled() and bool(grad_tensors(output))
         model.after_unit_forward(unit, needs_backward=needs_backward)
         return None
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_leaves
 
 from zerolite.comm.collectives import gather_full_flat
 from zerolite.comm.reducers import GradReducer, ParamGatherer
@@ -26,7 +25,7 @@ from zerolite.errors import ZeroliteConfigError
 from zerolite.zero.buffer_pool import BufferPool
 from zerolite.zero.flat_param import FlatParam
 from zerolite.zero.flat_placement import ON_DEVICE, FlatSpec, PlacementPlan
-from zerolite.zero.hooks import install_grad_hooks
+from zerolite.zero.hooks import grad_tensors, install_grad_hooks
 from zerolite.zero.leaf_modules import apply_leaf_module_config, tag_leaf_parameters
 from zerolite.zero.module_hooks import ParameterOffload
 from zerolite.zero.param_status import ZeroParamType
@@ -352,8 +351,7 @@ class ShardedModel:
             return
         if not unit.direct_calls.pop() or unit.index in unit.active_modules:
             return
-        if not (torch.is_grad_enabled() and any(
-                isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(output))):
+        if not (torch.is_grad_enabled() and grad_tensors(output)):
             self.residency.release(unit)
 
     @property
