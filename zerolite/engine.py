@@ -159,8 +159,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         self._torch_backward_start: float | None = None
         self._last_step_time = time.perf_counter()
         self.monitor = TrainingMonitor(config, self.rank, self.world_size)
-        self.tput_timer = ThroughputTimer(self.train_batch_size(),
-                                          synchronize=self.device_layer.synchronize)
+        self.tput_timer = ThroughputTimer(self.train_batch_size())
         """DeepSpeed's throughput counters (monitor.py); started in forward, stopped in step."""
         self._window = _StepWindow()
         self.last_step_stats = None

@@ -220,14 +220,13 @@ class ThroughputTimer:
     and stops it in step(); programs read its counts and call `update_epoch_count()` at an
     epoch's end (DeepSpeed-Chat does). As in DeepSpeed, time is counted from global step
     `start_step` on, so the warm-up steps do not skew `avg_samples_per_sec()`. It logs
-    nothing: TrainingMonitor's progress line is the engine's one report."""
+    nothing: TrainingMonitor's progress line is the engine's one report. It reads the host
+    clock without synchronizing the device (DeepSpeed synchronizes by default): a timer must
+    not stall every micro-step, so on a GPU it counts the time to queue the work."""
 
-    def __init__(self, batch_size: int, start_step: int = 2, synchronize=None):
-        self.batch_size = 1 if batch_size is None else batch_size
+    def __init__(self, batch_size: int, start_step: int = 2):
+        self.batch_size = batch_size
         self.start_step = start_step
-        self.synchronize = synchronize
-        """Called before reading the clock (the device's synchronize), so a step's time
-        includes the kernels it queued."""
         self.epoch_count = 0
         self.micro_step_count = 0
         self.global_step_count = 0
@@ -242,15 +241,10 @@ class ThroughputTimer:
         self.epoch_count += 1
         self.micro_step_count = 0
 
-    def _now(self) -> float:
-        if self.synchronize is not None:
-            self.synchronize()
-        return time.time()
-
     def start(self) -> None:
         self.initialized = self.started = True
         if self.global_step_count >= self.start_step:
-            self.start_time = self._now()
+            self.start_time = time.time()
 
     def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
         """End a micro-step (`global_step`: it ended with an optimizer step). `report_speed`
@@ -262,7 +256,7 @@ class ThroughputTimer:
         if global_step:
             self.global_step_count += 1
         if self.start_time > 0:
-            self.end_time = self._now()
+            self.end_time = time.time()
             duration = self.end_time - self.start_time
             self.total_elapsed_time += duration
             self.step_elapsed_time += duration
