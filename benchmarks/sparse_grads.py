@@ -57,6 +57,7 @@ def config(variant: str, steps: int, micro: int, sgd_lr: float | None = None,
     cfg = json.loads((ROOT / "configs" / "demo_zero3_cpu.json").read_text())
     if sgd_lr is not None:  # momentum SGD instead of the demo's AdamW (same schedule shape)
         cfg["optimizer"] = {"type": "SGD", "params": {"lr": sgd_lr, "momentum": 0.9}}
+        cfg["zero_allow_untested_optimizer"] = True  # SGD at ZeRO-3, as DeepSpeed asks
         cfg["scheduler"]["params"]["warmup_max_lr"] = sgd_lr
     cfg["train_micro_batch_size_per_gpu"] = micro
     if clip is not None:

@@ -82,7 +82,12 @@ def test_exact_resume_bitwise(ckpt2):
     d, first_losses, saved_params, saved_rng = ckpt2
     straight_losses, straight_params = run_ranks(_train_straight, 2)[0]
     path, client, losses, params, rng_after = run_ranks(_load_and_train, 2, d)[0]
-    assert path == os.path.join(d, "a") and client == {"epoch": 3, "note": ["a"]}
+    # As DeepSpeed: this rank's file in the tag folder, and the program's client_state with
+    # the bookkeeping DeepSpeed also hands back.
+    assert os.path.dirname(path) == os.path.join(d, "a") and os.path.isfile(path)
+    assert {k: client.pop(k) for k in ("epoch", "note")} == {"epoch": 3, "note": ["a"]}
+    assert sorted(client) == ["buffer_names", "ds_config", "ds_version", "global_samples"]
+    assert client["global_samples"] == HALF * GB and client["ds_version"] == "0.19.8"
     assert torch.equal(rng_after, saved_rng)  # RNG state restored
     assert first_losses + losses == straight_losses  # bitwise
     for name, value in straight_params.items():
@@ -114,18 +119,25 @@ def _partial_loads(rank, world, save_dir):
     a.save_checkpoint(save_dir)  # default tag global_step3
     want = gather_full_state_dict(a.sharded)
     # Loading right after saving, in the same process and engine.
-    assert a.load_checkpoint(save_dir)[0] == os.path.join(save_dir, "global_step3")
+    path, client_state = a.load_checkpoint(save_dir)
+    assert os.path.dirname(path) == os.path.join(save_dir, "global_step3")
+    assert "global_steps" not in client_state and "optimizer" not in client_state
     assert open(os.path.join(save_dir, "latest")).read() == "global_step3"
 
     b = _engine(world, **sched)
-    b.load_checkpoint(save_dir, load_module_only=True)
+    _, client_state = b.load_checkpoint(save_dir, load_module_only=True)
+    # DeepSpeed hands back what it did not restore: with module only, the counters too.
+    assert (client_state["global_steps"], client_state["dp_world_size"]) == (3, world)
     got = gather_full_state_dict(b.sharded)
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert b.global_steps == 0 and not b.optimizer.state and b.lr_scheduler.state_dict() != \
         a.lr_scheduler.state_dict()
 
     c = _engine(world, **sched)
-    c.load_checkpoint(save_dir, load_optimizer_states=False, load_lr_scheduler_states=False)
+    _, client_state = c.load_checkpoint(save_dir, load_optimizer_states=False,
+                                        load_lr_scheduler_states=False)
+    assert client_state["optimizer"] is None  # a ZeRO checkpoint's model states hold none
+    assert client_state["lr_scheduler"] == a.lr_scheduler.state_dict()
     assert c.global_steps == 3 and not c.optimizer.state
     assert c.lr_scheduler.state_dict() != a.lr_scheduler.state_dict()
 
@@ -230,13 +242,13 @@ def test_consolidate_sharded_bf16_cli(ckpt2, tmp_path):
 GATHER_16BIT = {"stage3_gather_16bit_weights_on_model_save": True}
 
 
-def _sixteen_bit(rank, world, out_dir, bf16, gather_key):
+def _sixteen_bit(rank, world, out_dir, bf16, gather_key, *name):
     zero = {"stage": 3, **({} if gather_key is None else
                            {"stage3_gather_16bit_weights_on_model_save": gather_key})}
     engine = _engine(world, bf16=bf16, zero_optimization=zero)
     train_engine(engine, _batches()[:4], rank, world)
     sd = engine._zero3_consolidated_16bit_state_dict()
-    return sd, engine.save_16bit_model(out_dir)
+    return sd, engine.save_16bit_model(out_dir, *name)
 
 
 def test_save_16bit_model_holds_the_trained_weights(tmp_path):
@@ -244,7 +256,9 @@ def test_save_16bit_model_holds_the_trained_weights(tmp_path):
     ref_losses, ref_params = train_reference(tiny_gpt(), _batches()[:4], adamw, clip=CLIP)
     (sd, saved), (sd1, saved1) = run_ranks(_sixteen_bit, 2, str(tmp_path), False, True)
     assert saved is saved1 is True and sd1 == {}
-    on_disk = load_file(tmp_path / "model.safetensors")
+    # DeepSpeed's default: torch.save of the state dict as pytorch_model.bin.
+    assert os.listdir(tmp_path) == ["pytorch_model.bin"]
+    on_disk = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
     assert on_disk.keys() == ref_params.keys()
     for name, ref in ref_params.items():
         # atol as test_parity_stage3 (Adam on near-zero grads: fp32 summation-order noise)
@@ -253,9 +267,10 @@ def test_save_16bit_model_holds_the_trained_weights(tmp_path):
 
 
 def test_save_16bit_model_bf16_file(tmp_path):
-    sd, saved = run_ranks(_sixteen_bit, 2, str(tmp_path), True, True)[0]
+    sd, saved = run_ranks(_sixteen_bit, 2, str(tmp_path), True, True,
+                          "model.safetensors")[0]
     assert saved is True
-    on_disk = load_file(tmp_path / "model.safetensors")
+    on_disk = load_file(tmp_path / "model.safetensors")  # the name asks for safetensors
     assert on_disk.keys() == sd.keys() == GPT(TINY).state_dict().keys()
     assert all(v.dtype == torch.bfloat16 for v in on_disk.values())
     GPT(TINY).load_state_dict(on_disk, strict=True)
@@ -267,7 +282,7 @@ def test_save_16bit_model_at_stage3_needs_the_gather_key(tmp_path, gather_key):
     3 saves nothing and returns False on every rank."""
     results = run_ranks(_sixteen_bit, 2, str(tmp_path), False, gather_key)
     assert [saved for _, saved in results] == [False, False]
-    assert not (tmp_path / "model.safetensors").exists()
+    assert os.listdir(tmp_path) == []
 
 
 # -- bad input ------------------------------------------------------------------------------

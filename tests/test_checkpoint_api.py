@@ -39,7 +39,7 @@ def _save_with_rank_tags(rank, world, ckpt, mode):
     warned = [m for m in seen.lines if "not consistent across all ranks" in m]
     if outcome == "saved":  # the checkpoint is whole: it loads at once
         path, _ = engine.load_checkpoint(ckpt)
-        outcome = f"saved {os.path.basename(path)}"
+        outcome = f"saved {os.path.basename(os.path.dirname(path))}"
     return outcome, warned
 
 

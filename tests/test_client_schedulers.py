@@ -46,6 +46,7 @@ def _engine(world, mode, ckpt):
     if mode == "held_nvme":  # the engine steps a chunked wrapper around the client optimizer
         cfg["zero_optimization"].update(sub_group_size=100, offload_optimizer={
             "device": "nvme", "nvme_path": f"{ckpt}-swap"})
+        cfg["zero_force_ds_cpu_optimizer"] = False  # torch AdamW offloaded, as DeepSpeed asks
     client = adamw(groups(model))
     kwargs = {}
     held = lambda_lr(client) if mode in ("held", "held_nvme", "resume") else None

@@ -87,7 +87,10 @@ def _rank_states(rank, world, save_dir, stage):
     engine.save_checkpoint(save_dir, tag="t", client_state=mine)
     _, got = _engine(world, stage).load_checkpoint(save_dir, tag="t")
     expect = mine if stage == 3 else {**STATE, "rank": 0, "rng": torch.zeros(4)}
-    _same(got, expect)
+    _same({k: got[k] for k in expect}, expect)
+    # What else comes back is DeepSpeed's bookkeeping, as under DeepSpeed.
+    assert sorted(set(got) - set(expect)) == ["buffer_names", "ds_config", "ds_version",
+                                              "global_samples"]
     return got["rank"]
 
 

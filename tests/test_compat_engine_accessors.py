@@ -141,7 +141,8 @@ def _client_objects(rank, world):
     cfg = {"train_batch_size": 4 * world, "gradient_accumulation_steps": 2,
            "bf16": {"enabled": True, "bf16_master_weights_and_grads": True,
                     "bf16_optimizer_states": True},
-           "zero_optimization": {"stage": 2}, "checkpoint": {"tag_validation": "ignore"}}
+           "zero_optimization": {"stage": 2}, "checkpoint": {"tag_validation": "ignore"},
+           "zero_allow_untested_optimizer": True}
     engine, *_ = zerolite.initialize(model=model, optimizer=opt, lr_scheduler=sched,
                                      training_data=data, collate_fn=_collate, config=cfg)
     return {"client": [engine.client_optimizer is opt, engine.client_lr_scheduler is sched,

@@ -64,7 +64,7 @@ def _train_then_call_module(rank, world):
         for x, y in rank_micro_batches(batch, rank, world, engine.gradient_accumulation_steps()):
             engine.backward(engine(x, y))
             engine.step()
-        norms.append(engine.get_global_grad_norm())
+        norms.append(float(engine.get_global_grad_norm()))
     engine.eval()
     x, y = batches(5)[-1]
     with torch.no_grad():

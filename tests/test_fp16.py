@@ -73,7 +73,8 @@ def _reference():
 def _train(rank, world):
     model = tiny_gpt()
     cfg = ds_config(world, fp16=FP16, gradient_clipping=0.0,
-                    optimizer={"type": "SGD", "params": {"lr": SGD_LR}})
+                    optimizer={"type": "SGD", "params": {"lr": SGD_LR}},
+                    zero_allow_untested_optimizer=True)
     engine, optimizer, *_ = zerolite.initialize(model=model, config=cfg)
     losses, norms, overflow_seen = [], [], []
     for step, batch in enumerate(batches(STEPS)):
@@ -85,7 +86,7 @@ def _train(rank, world):
             total += loss.item()
         torch.distributed.all_reduce(total)
         losses.append(total.item() / (world * engine.gradient_accumulation_steps()))
-        norms.append(engine.get_global_grad_norm())
+        norms.append(float(engine.get_global_grad_norm()))
         overflow_seen.append(optimizer.overflow)
     return losses, norms, engine.skipped_steps, engine.loss_scaler.loss_scale, overflow_seen, \
         engine.global_steps

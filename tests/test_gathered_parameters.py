@@ -176,6 +176,7 @@ def _external_train(rank, world):
     for block in model.blocks:  # what a DeepSpeed user writes; zerolite needs no action
         zerolite.zero.register_external_parameter(block, model.scale)
     cfg = {"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"lr": 0.2}},
+           "zero_allow_untested_optimizer": True,
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                                  "stage3_max_reuse_distance": 0}}
     engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(), config=cfg)

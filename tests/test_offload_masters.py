@@ -142,7 +142,7 @@ def _modify_and_export(rank, world, cfg, out_dir):
         if rank == 0:
             weight.data.mul_(0.5).add_(0.25)
     losses = train_engine(engine, batches(STEPS)[2:4], rank, world)
-    engine.save_16bit_model(out_dir)
+    engine.save_16bit_model(out_dir, "model.safetensors")
     return losses, gather_full_state_dict(engine.sharded), None, _masters_out_of_ram(engine)
 
 

@@ -221,7 +221,7 @@ def _modify_and_export(rank, world, cfg, out_dir):
             for w in weights:
                 w.data.mul_(0.5).add_(0.25)
     losses = train_engine(engine, batches(STEPS)[2:4], rank, world)
-    engine.save_16bit_model(out_dir)
+    engine.save_16bit_model(out_dir, "model.safetensors")
     return losses, gather_full_state_dict(engine.sharded), _shards_out_of_ram(engine)
 
 

@@ -27,6 +27,7 @@ CASES = {
 def _train(rank, world, opt_type, params):
     cfg = ds_config(world)
     cfg["optimizer"] = {"type": opt_type, "params": params}
+    cfg["zero_allow_untested_optimizer"] = opt_type == "SGD"  # DeepSpeed asks it for SGD
     engine, *_ = zerolite.initialize(model=tiny_gpt(), config=cfg)
     losses = train_engine(engine, batches(STEPS), rank, world)
     return losses, gather_full_state_dict(engine.sharded)
@@ -59,6 +60,81 @@ def _lamb(rank, world, cfg):
     with pytest.raises(ZeroliteConfigError) as err:
         zerolite.initialize(model=tiny_gpt(), config=cfg)
     return str(err.value)
+
+
+class _MyAdamW(torch.optim.AdamW):
+    """A subclass: DeepSpeed's tested list is an exact type check, so it is untested."""
+
+
+class _PerTensorSGD(torch.optim.Optimizer):
+    """Shape-aware, as Adafactor or LARS: each parameter moves by lr * g / ||g||."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad / (p.grad.norm() + 1e-12), alpha=-group["lr"])
+
+
+def _which_optimizers_initialize(rank, world):
+    out = {}
+    cases = {
+        "AdamW stage 3": (3, lambda ps: torch.optim.AdamW(ps), {}),
+        "subclass stage 2": (2, lambda ps: _MyAdamW(ps), {}),
+        "subclass stage 2 allowed": (2, lambda ps: _MyAdamW(ps),
+                                     {"zero_allow_untested_optimizer": True}),
+        "callable SGD stage 1": (1, lambda ps: torch.optim.SGD, {}),
+        "SGD stage 0": (0, lambda ps: torch.optim.SGD(ps, lr=0.1), {}),
+        "per-tensor stage 0": (0, lambda ps: _PerTensorSGD(ps), {}),
+        "per-tensor stage 0 allowed": (0, lambda ps: _PerTensorSGD(ps),
+                                       {"zero_allow_untested_optimizer": True}),
+        "offloaded AdamW": (3, lambda ps: torch.optim.AdamW(ps),
+                            {"zero_optimization": {"stage": 3, "offload_optimizer": {
+                                "device": "cpu"}}}),
+        "offloaded AdamW allowed": (3, lambda ps: torch.optim.AdamW(ps), {
+            "zero_force_ds_cpu_optimizer": False,
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}),
+    }
+    for name, (stage, make, extra) in cases.items():
+        cfg = ds_config(world, stage=stage)
+        del cfg["optimizer"]
+        cfg.update(extra)
+        model = tiny_gpt()
+        opt = make(model.parameters())
+        if opt is torch.optim.SGD:  # a callable taking the param groups
+            opt = lambda groups: torch.optim.SGD(groups, lr=0.1)  # noqa: E731
+            held = None
+        else:
+            held = [list(g["params"]) for g in opt.param_groups]
+        try:
+            zerolite.initialize(model=model, optimizer=opt, config=cfg)
+            out[name] = "ok"
+        except ZeroliteConfigError as e:
+            out[name] = str(e)
+            if held is not None:  # refused before anything was re-pointed
+                assert [list(g["params"]) for g in opt.param_groups] == held
+    return out
+
+
+def test_optimizers_deepspeed_refuses_at_zero_stages_are_refused_with_the_key_to_allow_them():
+    """DeepSpeed's rules (engine._configure_optimizer): at stages 1-3 only its tested classes
+    unless zero_allow_untested_optimizer; offloaded, only DeepSpeedCPUAdam / CPULion unless
+    zero_force_ds_cpu_optimizer is false. At stage 0 zerolite (flat buffers there too) takes
+    element-wise torch classes and refuses the rest unless the same key allows them."""
+    out = run_ranks(_which_optimizers_initialize, 1)[0]
+    ok = {k for k, v in out.items() if v == "ok"}
+    assert ok == {"AdamW stage 3", "subclass stage 2 allowed", "SGD stage 0",
+                  "per-tensor stage 0 allowed", "offloaded AdamW allowed"}, out
+    assert "_MyAdamW is not one DeepSpeed has tested with ZeRO stage 2" in out["subclass stage 2"]
+    assert "torch.optim.sgd.SGD is not one" in out["callable SGD stage 1"]
+    for name in ("subclass stage 2", "callable SGD stage 1", "per-tensor stage 0"):
+        assert '"zero_allow_untested_optimizer": true' in out[name], out[name]
+    assert "not an element-wise optimizer" in out["per-tensor stage 0"]
+    assert '"zero_force_ds_cpu_optimizer": false' in out["offloaded AdamW"]
 
 
 def _no_sync(rank, world, stage):

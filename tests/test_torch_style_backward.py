@@ -22,6 +22,7 @@ SGD_LR = 0.3
 def _sgd_config(world, stage):
     config = ds_config(world, stage=stage, gradient_clipping=0.0)
     config["optimizer"] = {"type": "SGD", "params": {"lr": SGD_LR}}
+    config["zero_allow_untested_optimizer"] = True  # SGD at a ZeRO stage, as DeepSpeed asks
     return config
 
 

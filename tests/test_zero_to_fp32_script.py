@@ -34,19 +34,44 @@ def saved(tmp_path_factory):
     return save_dir, run_ranks(_train_and_save, 2, str(save_dir))[0]
 
 
-def _script(save_dir, *args, python=(sys.executable,)):
+def _script(save_dir, *args, python=(sys.executable,), script="zero_to_fp32.py"):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return subprocess.run([*python, "zero_to_fp32.py", *args], cwd=save_dir, env=env,
+    return subprocess.run([*python, script, *args], cwd=save_dir, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
-def test_checkpoint_folder_has_an_executable_zero_to_fp32(saved):
+@pytest.mark.parametrize("name", ["zero_to_fp32.py", "zero_to_torch.py"])
+def test_checkpoint_folder_has_the_executable_scripts(saved, name):
     save_dir, _ = saved
-    script = save_dir / "zero_to_fp32.py"
+    script = save_dir / name
     assert os.stat(script).st_mode & stat.S_IEXEC
-    ours = os.path.join(ROOT, "zerolite", "checkpoint", "zero_to_fp32.py")
+    ours = os.path.join(ROOT, "zerolite", "checkpoint", name)
     assert script.read_bytes() == open(ours, "rb").read()
     assert not [n for n in os.listdir(save_dir) if ".tmp" in n]
+
+
+def test_zero_to_torch_script_writes_the_dtype_asked_for(saved, tmp_path):
+    """DeepSpeed 0.19's zero_to_torch.py: `--dtype` (required) picks the output dtype."""
+    save_dir, trained = saved
+    proc = _script(save_dir, ".", str(tmp_path / "bf16"), "--dtype", "bf16",
+                   script="zero_to_torch.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sd = torch.load(tmp_path / "bf16" / "pytorch_model.bin", weights_only=True)
+    assert sd.keys() == trained.keys()
+    for name, value in trained.items():
+        assert sd[name].dtype == torch.bfloat16, name
+        torch.testing.assert_close(sd[name], value.to(torch.bfloat16), rtol=0, atol=0, msg=name)
+    proc = _script(save_dir, ".", str(tmp_path / "st"), "--dtype", "float16",
+                   "--safe_serialization", script="zero_to_torch.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from safetensors.torch import load_file
+
+    sd = load_file(tmp_path / "st" / "model.safetensors")
+    assert {v.dtype for v in sd.values()} == {torch.float16}
+    for name, value in sd.items():
+        torch.testing.assert_close(value, trained[name].to(torch.float16), rtol=0, atol=0)
+    proc = _script(save_dir, ".", str(tmp_path / "x"), script="zero_to_torch.py")
+    assert proc.returncode == 2 and "--dtype" in proc.stderr  # required, as DeepSpeed's
 
 
 def test_zero_to_fp32_script_gives_the_trained_model(saved, tmp_path):

@@ -27,7 +27,7 @@ from zerolite.monitor import ThroughputTimer, TrainingMonitor
 from zerolite.config.offload import OffloadConfig
 from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 from zerolite.offload.plan import build_plan
-from zerolite.optim.builder import build_optimizer, check_master_optimizer
+from zerolite.optim.builder import ZeroOptimizerRules, build_optimizer, check_master_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
 from zerolite.optim.loss_scaler import LossScaler
 from zerolite.optim.param_groups import param_groups
@@ -131,7 +131,11 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                                 opt_cfg.params if opt_cfg else None, optimizer, masters,
                                 cpu_optimizer=zc.offload_optimizer is not None,
                                 master_rounding=rounding if bf16_masters else None,
-                                bf16_optimizer_states=config.bf16.bf16_optimizer_states)
+                                bf16_optimizer_states=config.bf16.bf16_optimizer_states,
+                                rules=ZeroOptimizerRules(
+                                    stage=zc.stage,
+                                    allow_untested=config.zero_allow_untested_optimizer,
+                                    force_ds_cpu_optimizer=config.zero_force_ds_cpu_optimizer))
         if bf16_masters and basic is not None:
             check_master_optimizer(basic, offloaded=zc.offload_optimizer is not None,
                                    bf16_states=config.bf16.bf16_optimizer_states,
@@ -217,9 +221,10 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ZeroliteStateError("engine.backward(loss) needs a scalar loss tensor, got "
                                      f"{type(loss).__name__} {getattr(loss, 'shape', '')}")
-        scaled = loss
-        if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
-            scaled = loss / self.gradient_accumulation_steps()
+        # DeepSpeed returns the loss it backpropagated before the fp16 scale: divided by the
+        # accumulation steps when scale_wrt_gas (programs log `engine.backward(loss)`).
+        gas_scaled = loss / self.gradient_accumulation_steps() if scale_wrt_gas else loss
+        scaled = gas_scaled
         if self.loss_scaler is not None:
             scaled = scaled.float() * self.loss_scaler.loss_scale
         set_phase("backward")
@@ -234,7 +239,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         self._window.backward_s += time.perf_counter() - start
         if self._logs_this_step():
             self._window.losses.append(loss.detach().float().item())
-        return loss
+        return gas_scaled
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """DeepSpeed's `engine.scale(loss)`: the loss times the fp16 loss scale (the loss
@@ -474,8 +479,20 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
             out.append(g["betas"] if "betas" in g else g.get("momentum", 0.0))
         return out
 
-    def get_global_grad_norm(self) -> float | None:
-        return self._global_grad_norm
+    def get_global_grad_norm(self) -> torch.Tensor | float | None:
+        """The last step's gradient norm before clipping, as DeepSpeed's ZeRO and bf16
+        optimizers leave it: a 0-dim tensor on the engine's device (programs call `.item()` on
+        it), the float inf after an fp16 overflow, None before the first step. Its dtype is
+        DeepSpeed 0.19's: float64 from stage 3 with the optimizer on the device, float32
+        otherwise. (At stage 0 in fp32 DeepSpeed keeps no norm and returns None; zerolite
+        has one.)"""
+        norm = self._global_grad_norm
+        if norm is None or not math.isfinite(norm):
+            return norm
+        zc = self._config.zero_optimization
+        wide = zc.stage == 3 and zc.offload_optimizer is None
+        return torch.tensor(norm, dtype=torch.float64 if wide else torch.float32,
+                            device=self.device)
 
     def was_step_applied(self) -> bool:
         return self._step_applied
@@ -531,7 +548,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                                load_lr_scheduler_states=load_lr_scheduler_states,
                                load_module_only=load_module_only)
 
-    def save_16bit_model(self, save_dir, save_filename: str = "model.safetensors",
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import save_16bit_model_as_configured
 

@@ -445,10 +445,10 @@ class DeepSpeedAccessors(RefusedEngineMethods):
         return self.zero_optimization_partition_weights()
 
     def zero_allow_untested_optimizer(self) -> bool:
-        return self._raw("zero_allow_untested_optimizer", default=False)
+        return self._config.zero_allow_untested_optimizer
 
     def zero_force_ds_cpu_optimizer(self) -> bool:
-        return self._raw("zero_force_ds_cpu_optimizer", default=True)
+        return self._config.zero_force_ds_cpu_optimizer
 
     # -- optimizer and scheduler as configured ---------------------------------------------
     def _raw(self, *path: str, default=None):
@@ -708,7 +708,7 @@ class DeepSpeedAccessors(RefusedEngineMethods):
                         if not p.requires_grad and name in frozen:
                             p.copy_(frozen[name])
 
-    def save_fp16_model(self, save_dir, save_filename: str = "model.safetensors"):
+    def save_fp16_model(self, save_dir, save_filename: str = "pytorch_model.bin"):
         """DeepSpeed's old name of save_16bit_model."""
         return self.save_16bit_model(save_dir, save_filename)
 

@@ -1,5 +1,6 @@
 """A PyTorch Lightning program as its users write it for DeepSpeed: a LightningModule with
-AdamW and a per-step LambdaLR scheduler, `Trainer(strategy=DeepSpeedStrategy(stage=N),
+AdamW (DeepSpeedCPUAdam under an offload strategy, as Lightning's docs have it) and a
+per-step LambdaLR scheduler, `Trainer(strategy=DeepSpeedStrategy(stage=N),
 accumulate_grad_batches=2, gradient_clip_val=0.5)`, a ModelCheckpoint callback, and a resume
 from the checkpoint the Trainer saved; with --configure-model the layers are built in
 `configure_model` (inside deepspeed.zero.Init under stage 3). Records per-batch losses, the
@@ -35,7 +36,8 @@ class Regressor(pl.LightningModule):
     under DeepSpeed the gradient is the single-process one / GAS; with clipping active that
     shows in the weights. `loss_divisor=GAS` gives the reference DeepSpeed's gradient."""
 
-    def __init__(self, lr: float = 1e-2, loss_divisor: int = 1, in_configure_model=False):
+    def __init__(self, lr: float = 1e-2, loss_divisor: int = 1, in_configure_model=False,
+                 cpu_adam=False):
         super().__init__()
         self.save_hyperparameters()
         self.last_loss = None
@@ -66,7 +68,14 @@ class Regressor(pl.LightningModule):
         return loss / self.hparams.loss_divisor
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=0.01)
+        if self.hparams.cpu_adam:
+            # With the optimizer offloaded DeepSpeed refuses a torch optimizer; Lightning's
+            # docs have users return DeepSpeedCPUAdam (AdamW's update) there.
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            opt = DeepSpeedCPUAdam(self.parameters(), lr=self.hparams.lr, weight_decay=0.01)
+        else:
+            opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -96,7 +105,8 @@ def loader(world: int, reference: bool):
 
 def fit(a, epochs, ckpt_dir, resume_from=None):
     torch.manual_seed(0)
-    model = Regressor(loss_divisor=1 if a.stage else GAS, in_configure_model=a.configure_model)
+    model = Regressor(loss_divisor=1 if a.stage else GAS, in_configure_model=a.configure_model,
+                      cpu_adam="offload" in (a.strategy or ""))
     record = Record()
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="train_loss", save_last=False)
     if a.stage:

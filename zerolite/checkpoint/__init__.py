@@ -72,18 +72,46 @@ def consolidated_16bit_state_dict(engine, exclude_frozen_parameters: bool = Fals
     return out
 
 
-def save_16bit_model_as_configured(engine, save_dir, save_filename="model.safetensors",
+def save_16bit_model_as_configured(engine, save_dir, save_filename="pytorch_model.bin",
                                    exclude_frozen_parameters=False) -> bool:
     """engine.save_16bit_model: as in DeepSpeed, stage 3 gathers and saves the full model only
-    with stage3_gather_16bit_weights_on_model_save; otherwise a warning and False."""
+    with stage3_gather_16bit_weights_on_model_save; otherwise a warning and False.
+
+    [Note: the file's format follows its name] DeepSpeed torch.saves the state dict, by
+    default as `pytorch_model.bin`, whatever the name; zerolite does the same, except that a
+    name ending in `.safetensors` gets a safetensors file (streamed flat by flat), which is
+    what a reader of such a name expects."""
     zc = engine.zerolite_config.zero_optimization
     if zc.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
         if engine.rank == 0:
             logger.warning("zerolite: save_16bit_model(%s) saved nothing: zero_optimization."
                            "stage3_gather_16bit_weights_on_model_save is false", save_dir)
         return False
-    return save_16bit_model(engine, save_dir, save_filename,
-                            exclude_frozen_parameters=exclude_frozen_parameters)
+    if os.fspath(save_filename).endswith(".safetensors"):
+        return save_16bit_model(engine, save_dir, save_filename,
+                                exclude_frozen_parameters=exclude_frozen_parameters)
+    return _save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters)
+
+
+@checkpoint_io
+def _save_16bit_state_dict(engine, save_dir, save_filename, exclude_frozen_parameters) -> bool:
+    """DeepSpeed's format: rank 0 torch.saves the full compute-dtype state dict (tied
+    parameters under each name, persistent buffers). Collective; returns True."""
+    sd = consolidated_16bit_state_dict(engine, exclude_frozen_parameters)
+    err = None
+    if engine.rank == 0:
+        path = os.path.join(os.fspath(save_dir), save_filename)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            torch.save(sd, tmp)
+            os.replace(tmp, path)
+        except Exception as e:  # noqa: BLE001 - reported collectively below
+            err = f"save_16bit_model({path}): {e!r}"
+    failed = _dist.first_error(_dist.all_gather_object(err))
+    if failed:
+        raise ZeroliteCheckpointError(failed[1])
+    return True
 
 
 @checkpoint_io

@@ -12,6 +12,7 @@ checkpoint lacks keep their values and extra checkpoint parameters are ignored.
 from __future__ import annotations
 
 import logging
+import os
 import random
 
 import torch
@@ -21,6 +22,7 @@ from zerolite.checkpoint.errors import ZeroliteCheckpointError
 from zerolite.checkpoint.format import (CLIENT_PREFIX, SCHED_PREFIX, CheckpointFiles, flat_key,
                                         param_index, read_meta, resolve_checkpoint)
 from zerolite.checkpoint.save import persistent_buffers
+from zerolite.compat import DEEPSPEED_API_VERSION
 from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 from zerolite.optim.master_update import state_entry_dtype
 from zerolite.zero.flat_placement import MasterHome, ShardHome
@@ -176,10 +178,13 @@ def load_checkpoint(engine, load_dir, *, tag=None, load_module_strict=True,
         files.close()
     engine.sharded.refresh_params_from_masters()  # collective for stages 0-2
 
-    # 3. Small state.
+    # 3. Small state. DeepSpeed does not restore micro_steps (a fresh engine's stays 0);
+    # zerolite sets it to 0, which is that, and also puts an engine that loads into itself
+    # after a failed step back at the start of an accumulation window.
     if not load_module_only:
-        for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
+        for k in ("global_steps", "global_samples", "skipped_steps"):
             setattr(engine, k, meta[k])
+        engine.micro_steps = 0
         if load_optimizer_states and engine.basic_optimizer is not None and meta["optimizer"]:
             _load_param_groups(engine.basic_optimizer, meta["optimizer"]["param_groups"])
         if (load_lr_scheduler_states and engine.lr_scheduler is not None
@@ -189,7 +194,30 @@ def load_checkpoint(engine, load_dir, *, tag=None, load_module_strict=True,
         if scaler is not None and meta.get("loss_scaler") is not None:
             scaler.load_state_dict(meta["loss_scaler"])
         _set_rng(meta["rng"], engine.rank)
-    return ckpt, client_state
+    ranks = meta["files"]["ranks"]
+    load_path = os.path.join(ckpt, ranks[min(engine.rank, len(ranks) - 1)]["file"])
+    return load_path, {**_deepspeed_keys(engine, meta, sched_state, load_optimizer_states,
+                                         load_lr_scheduler_states, load_module_only),
+                       **(client_state or {})}
+
+
+def _deepspeed_keys(engine, meta, sched_state, load_optimizer_states,
+                    load_lr_scheduler_states, load_module_only) -> dict:
+    """The entries of DeepSpeed's model-states file that its load_checkpoint hands back in
+    client_state beside the program's own (which win on a clash, as there): what it did not
+    restore. zerolite has no flat-buffer shape lists to give (param_shapes, shared_params,
+    frozen_param_shapes / _fragments: those describe DeepSpeed's own files)."""
+    keys = {"global_samples": meta["global_samples"], "ds_config": meta["config"],
+            "ds_version": DEEPSPEED_API_VERSION,
+            "buffer_names": list(persistent_buffers(engine.module))}
+    if load_module_only:
+        keys.update(global_steps=meta["global_steps"], skipped_steps=meta["skipped_steps"],
+                    dp_world_size=meta["world_size"], mp_world_size=1)
+    if not load_lr_scheduler_states:
+        keys["lr_scheduler"] = sched_state
+    if not load_optimizer_states:
+        keys["optimizer"] = None  # a ZeRO checkpoint's model states hold no optimizer
+    return keys
 
 
 def _client_tree(engine, meta) -> tuple[int, object]:

@@ -23,7 +23,7 @@ from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer, ShardEnt
 from zerolite.version import __version__
 
 logger = logging.getLogger("zerolite")
-RECOVERY_SCRIPT = "zero_to_fp32.py"
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 """Written into every save_dir, as DeepSpeed's (zerolite/checkpoint/zero_to_fp32.py)."""
 
 
@@ -226,7 +226,7 @@ def save_checkpoint(engine, save_dir, *, tag=None, client_state=None, save_lates
     err = None
     if rank == 0:
         try:
-            _write_recovery_script(os.fspath(save_dir))
+            _write_recovery_scripts(os.fspath(save_dir))
             meta = _meta(engine, tag, save_id, layout, optim_meta, sched_tree, results,
                          exclude_frozen_parameters, per_rank_client)
             write_json_atomic(os.path.join(ckpt, META), meta)
@@ -289,14 +289,16 @@ def _meta(engine, tag, save_id, layout, optim_meta, sched_tree, results, exclude
     }
 
 
-def _write_recovery_script(save_dir: str) -> None:
-    """As DeepSpeed, leave `zero_to_fp32.py` beside `latest` (ours: zero_to_fp32.py here)."""
-    dst = os.path.join(save_dir, RECOVERY_SCRIPT)
-    tmp = f"{dst}.tmp-{os.getpid()}"
-    shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), RECOVERY_SCRIPT),
-                    tmp)
-    os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IEXEC)
-    os.replace(tmp, dst)
+def _write_recovery_scripts(save_dir: str) -> None:
+    """As DeepSpeed 0.19, leave `zero_to_fp32.py` and `zero_to_torch.py` beside `latest`
+    (ours: the files of the same names here)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for script in RECOVERY_SCRIPTS:
+        dst = os.path.join(save_dir, script)
+        tmp = f"{dst}.tmp-{os.getpid()}"
+        shutil.copyfile(os.path.join(here, script), tmp)
+        os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IEXEC)
+        os.replace(tmp, dst)
 
 
 def _remove_quietly(path: str) -> None:

@@ -42,16 +42,40 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
     return sd
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
-                                               safe_serialization: bool = False, tag=None,
-                                               exclude_frozen_parameters: bool = False) -> list:
-    """Write the fp32 model into `output_dir`: `model.safetensors` (sharded past
-    `max_shard_size`) with `safe_serialization`, else `pytorch_model.bin` as DeepSpeed.
-    Returns the file names written."""
+OUTPUT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+                 "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+"""The output dtypes DeepSpeed's zero_to_torch.py takes, by the names it takes."""
+
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def output_dtype(dtype) -> torch.dtype:
+    """A torch dtype, or its name ("bf16", "bfloat16", "torch.bfloat16"), as DeepSpeed reads
+    it; ValueError naming the choices otherwise."""
+    name = dtype
+    if isinstance(dtype, str):
+        key = dtype.removeprefix("torch.").lower()
+        dtype = OUTPUT_DTYPES.get(key)
+    if dtype not in _SHORT:
+        raise ValueError(f"unsupported output dtype {name!r}; choose one of "
+                         f"{', '.join(sorted(OUTPUT_DTYPES))}")
+    return dtype
+
+
+def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype=torch.float32,
+                                          max_shard_size="5GB",
+                                          safe_serialization: bool = False, tag=None,
+                                          exclude_frozen_parameters: bool = False) -> list:
+    """Write the model in `dtype` (float32, float16 or bfloat16; integer buffers keep theirs)
+    into `output_dir`: `model.safetensors` (sharded past `max_shard_size`) with
+    `safe_serialization`, else `pytorch_model.bin`, as DeepSpeed 0.19's. Returns the file
+    names written."""
+    dtype = output_dtype(dtype)
     if safe_serialization and not exclude_frozen_parameters:
-        return consolidate_checkpoint(checkpoint_dir, output_dir, tag=tag, dtype="fp32",
+        return consolidate_checkpoint(checkpoint_dir, output_dir, tag=tag, dtype=_SHORT[dtype],
                                       max_shard_size=max_shard_size)
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
+    sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     os.makedirs(output_dir, exist_ok=True)
     if safe_serialization:
         from safetensors.torch import save_file
@@ -61,6 +85,16 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
         return ["model.safetensors"]
     torch.save(sd, os.path.join(output_dir, "pytorch_model.bin"))
     return ["pytorch_model.bin"]
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size="5GB",
+                                               safe_serialization: bool = False, tag=None,
+                                               exclude_frozen_parameters: bool = False) -> list:
+    """convert_zero_checkpoint_to_state_dict in float32."""
+    return convert_zero_checkpoint_to_state_dict(
+        checkpoint_dir, output_dir, torch.float32, max_shard_size=max_shard_size,
+        safe_serialization=safe_serialization, tag=tag,
+        exclude_frozen_parameters=exclude_frozen_parameters)
 
 
 def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):

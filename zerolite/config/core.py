@@ -40,7 +40,8 @@ _TOP_MODELLED = frozenset(BATCH_KEYS) | {
     "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "zero_optimization",
     "activation_checkpointing", "zerolite", "csv_monitor", "tensorboard",
-    "managed_gradient_accumulation"}
+    "managed_gradient_accumulation", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer"}
 
 
 @dataclass
@@ -77,6 +78,15 @@ class ZeroConfig:
     """Time forward/backward/step and log the breakdown."""
     dataloader_drop_last: bool = False
     """Drop the last incomplete batch in engine-built data loaders."""
+    zero_allow_untested_optimizer: bool = False
+    """Train an optimizer outside DeepSpeed's tested list (torch Adam, AdamW, Adagrad and
+    DeepSpeed's Adam, Adagrad and Lion classes) at ZeRO stages 1-3, or one that is not
+    element-wise at stage 0: it steps flat shards, so an optimizer that reads a parameter's
+    shape or whole norm computes something else than on the full parameter
+    (optim/builder.py)."""
+    zero_force_ds_cpu_optimizer: bool = True
+    """With offload_optimizer on cpu or nvme, refuse an optimizer that is not DeepSpeedCPUAdam
+    or DeepSpeedCPULion (false: accept it, as DeepSpeed)."""
     zero_optimization: ZeroOptimizationConfig = field(default_factory=ZeroOptimizationConfig)
     """ZeRO stage and its knobs."""
     activation_checkpointing: ActivationCheckpointingConfig = field(
@@ -110,6 +120,10 @@ class ZeroConfig:
         self.steps_per_print = check_int("steps_per_print", self.steps_per_print, gt=0)
         self.wall_clock_breakdown = check_bool("wall_clock_breakdown", self.wall_clock_breakdown)
         self.dataloader_drop_last = check_bool("dataloader_drop_last", self.dataloader_drop_last)
+        self.zero_allow_untested_optimizer = check_bool("zero_allow_untested_optimizer",
+                                                        self.zero_allow_untested_optimizer)
+        self.zero_force_ds_cpu_optimizer = check_bool("zero_force_ds_cpu_optimizer",
+                                                      self.zero_force_ds_cpu_optimizer)
         self._check_sparse_gradients()
         self._check_bf16_masters()
 
@@ -220,7 +234,9 @@ class ZeroConfig:
         optimizer = OptimizerConfig.from_dict(raw.get("optimizer"), ctx)
         scalars = {k: raw[k] for k in ("prescale_gradients", "gradient_predivide_factor",
                                        "communication_data_type", "steps_per_print",
-                                       "wall_clock_breakdown", "dataloader_drop_last") if k in raw}
+                                       "wall_clock_breakdown", "dataloader_drop_last",
+                                       "zero_allow_untested_optimizer",
+                                       "zero_force_ds_cpu_optimizer") if k in raw}
         for k, v in scalars.items():
             if is_auto(v):
                 fail(k, v, "a concrete value ('auto' cannot be resolved for this key)")

@@ -18,8 +18,7 @@ from .sections import (
 HONOURED, IGNORED, REJECTED = "honoured", "accepted-ignored", "rejected"
 
 TOP_LEVEL_IGNORED = (
-    "sparse_gradients", "memory_breakdown", "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer", "flops_profiler", "comms_logger", "wandb", "comet", "aio",
+    "sparse_gradients", "memory_breakdown", "flops_profiler", "comms_logger", "wandb", "comet", "aio",
     "checkpoint", "data_types", "elasticity", "autotuning", "compression_training",
     "data_efficiency", "curriculum_learning", "pipeline", "sparse_attention", "nebula", "eigenvalue",
     "progressive_layer_drop", "quantize_training", "disable_allgather",
@@ -36,7 +35,8 @@ _HONOURED_TOP = (
     "scheduler.params", "fp16", "bf16", "bfloat16", "bf16.enabled", "gradient_clipping",
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "communication_data_type",
     "prescale_gradients", "gradient_predivide_factor", "zero_optimization", "zerolite",
-    "csv_monitor", "tensorboard", "checkpoint.tag_validation",
+    "csv_monitor", "tensorboard", "checkpoint.tag_validation", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
 )
 # Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
 # by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -55,9 +56,75 @@ def accepted_kwargs(cls, params: dict) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class ZeroOptimizerRules:
+    """Which optimizer classes a ZeRO stage may train, from the config.
+
+    [Note: why untested optimizers are refused] zerolite steps the optimizer over flat
+    shards, not over the parameters, at every stage: an element-wise update (Adam, SGD,
+    Adagrad, Lion, ...) is the same there, but one that reads a parameter's shape or its whole
+    norm (Adafactor's factored moments, LAMB's or LARS's trust ratio, Muon's
+    orthogonalisation) silently computes something else. At stages 1-3 DeepSpeed refuses
+    every class outside its tested list (an exact type check: a subclass is untested too)
+    unless the config says "zero_allow_untested_optimizer": true, and so does zerolite, so a
+    program behaves as under DeepSpeed. At stage 0 DeepSpeed steps the real parameters and
+    takes any optimizer; zerolite takes the element-wise torch classes and refuses the rest
+    unless that same key is true, rather than train them differently. With the optimizer
+    offloaded, DeepSpeed also refuses a class other than DeepSpeedCPUAdam / DeepSpeedCPULion
+    unless "zero_force_ds_cpu_optimizer": false (a program's optimizer; one the config names is
+    built as the offload needs), and so does zerolite.
+    """
+
+    stage: int = 0
+    allow_untested: bool = False
+    force_ds_cpu_optimizer: bool = True
+
+    def check(self, cls: type, cpu_optimizer: bool, client: bool) -> None:
+        """`client`: the program's optimizer (or its callable's), not one the config built."""
+        from zerolite.optim import deepspeed_optimizers as ds
+        from zerolite.optim.flat_optimizers import Lion
+
+        if client and cpu_optimizer and self.force_ds_cpu_optimizer and not issubclass(
+                cls, (ds.DeepSpeedCPUAdam, ds.DeepSpeedCPULion)):
+            raise ZeroliteConfigError(
+                f"zero_optimization.offload_optimizer: the optimizer is {_name(cls)}, not "
+                "deepspeed.ops.adam.DeepSpeedCPUAdam or deepspeed.ops.lion.DeepSpeedCPULion, "
+                "and DeepSpeed refuses that with the optimizer offloaded; use one of those, "
+                "set an \"optimizer\" in the config, or add \"zero_force_ds_cpu_optimizer\": "
+                "false to the config to train this one on the host")
+        if self.allow_untested:
+            return
+        tested = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, ds.FusedAdam,
+                  ds.DeepSpeedCPUAdam, ds.DeepSpeedCPUAdagrad, ds.DeepSpeedCPULion,
+                  ds.FusedLion)
+        if self.stage > 0 and cls not in tested:
+            raise ZeroliteConfigError(
+                f"optimizer: {_name(cls)} is not one DeepSpeed has tested with ZeRO stage "
+                f"{self.stage} (torch Adam, AdamW, Adagrad, DeepSpeed's FusedAdam, "
+                "DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, FusedLion, DeepSpeedCPULion), and "
+                "DeepSpeed refuses it: ZeRO steps it over flat shards, so an update that reads "
+                "a parameter's shape or whole norm would differ. Add "
+                "\"zero_allow_untested_optimizer\": true to the config to train it anyway")
+        elementwise = (torch.optim.SGD, torch.optim.Adamax, torch.optim.NAdam,
+                       torch.optim.RAdam, torch.optim.Adadelta, torch.optim.RMSprop,
+                       torch.optim.Rprop, torch.optim.ASGD, Lion)
+        if self.stage == 0 and cls not in tested + elementwise:
+            raise ZeroliteConfigError(
+                f"optimizer: {_name(cls)} is not an element-wise optimizer zerolite knows, and "
+                "zerolite steps the optimizer over flat buffers at stage 0 too (DeepSpeed steps "
+                "the parameters there), so an update that reads a parameter's shape or whole "
+                "norm would differ. Add \"zero_allow_untested_optimizer\": true to the config "
+                "if its update is element-wise")
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimizer,
                     master_groups: list[dict], cpu_optimizer: bool = False,
-                    master_rounding: str | None = None, bf16_optimizer_states: bool = False
+                    master_rounding: str | None = None, bf16_optimizer_states: bool = False,
+                    rules: ZeroOptimizerRules = ZeroOptimizerRules()
                     ) -> torch.optim.Optimizer | None:
     """Optimizer over `master_groups` ([{"params": [fp32 shards], **group hparams}, ...], one
     per param group the user passed, in order).
@@ -68,9 +135,11 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     `cpu_optimizer` is DeepSpeed's `zero_use_cpu_optimizer`: offload_optimizer on cpu or nvme).
     `master_rounding` (bf16 masters only, else None) is given to the Adam classes that take
     it; with `bf16_optimizer_states` DeepSpeedCPUAdam keeps its moments in bf16 (DeepSpeed
-    overrides `fp32_optimizer_states` the same way).
+    overrides `fp32_optimizer_states` the same way). `rules` are checked before the client's
+    optimizer is touched or one is built (a callable's only once it returned it).
     """
     if isinstance(client_optimizer, torch.optim.Optimizer):
+        rules.check(type(client_optimizer), cpu_optimizer, client=True)
         return adopt_client_optimizer(client_optimizer, [g["params"] for g in master_groups])
     # Groups with nothing to train on this rank are left out of an optimizer built here.
     master_groups = [g for g in master_groups if g["params"]]
@@ -80,6 +149,7 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError("initialize(optimizer=callable): the callable must return a "
                                 f"torch.optim.Optimizer, got {type(opt).__name__}")
+            rules.check(type(opt), cpu_optimizer, client=True)
             return opt
         raise TypeError("initialize(optimizer=...) must be a torch.optim.Optimizer or a callable "
                         f"taking param groups, got {type(client_optimizer).__name__}")
@@ -89,6 +159,7 @@ def build_optimizer(opt_type: str | None, opt_params: dict | None, client_optimi
     # zerolite.config, which also validated every value.
     params = dict(opt_params or {})
     cls = _optimizer_class(opt_type, params, cpu_optimizer)
+    rules.check(cls, cpu_optimizer, client=False)
     if params.get("fp32_optimizer_states", False) is None:
         del params["fp32_optimizer_states"]  # null: the class's default (DeepSpeed: true)
     kwargs = accepted_kwargs(cls, params)

@@ -2,7 +2,8 @@
 per-rank shards (`checkpoint_dir` holds `latest` and the tag folders, as DeepSpeed's). The code
 is zerolite/checkpoint/zero_to_fp32.py, the script every checkpoint folder gets a copy of."""
 from zerolite.checkpoint.zero_to_fp32 import (  # noqa: F401
-    convert_zero_checkpoint_to_fp32_state_dict, get_fp32_state_dict_from_zero_checkpoint,
+    OUTPUT_DTYPES as OUTPUT_DTYPE_NAMES, convert_zero_checkpoint_to_fp32_state_dict,
+    convert_zero_checkpoint_to_state_dict, get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint, main,
 )
 from zerolite.compat.deepspeed._refused import refused_function
@@ -17,4 +18,4 @@ get_model_state_file = refused_function("deepspeed.utils.zero_to_fp32.get_model_
                                         _PT_FILES)
 
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint", "convert_zero_checkpoint_to_fp32_state_dict",
-           "load_state_dict_from_zero_checkpoint"]
+           "convert_zero_checkpoint_to_state_dict", "load_state_dict_from_zero_checkpoint"]
