@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-torch211 test-slow docs bench bench-peers plots gpu-check gpu-check-dry clean
+.PHONY: setup demo test test-torch211 test-slow ds-golden docs bench bench-peers plots gpu-check gpu-check-dry clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,20 @@ test-torch211:
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# Re-record what real DeepSpeed 0.19.8 observes in the conformance client
+# (tests/ds_golden/ds_conformance.json, which tests/test_ds_conformance.py holds zerolite to).
+# DeepSpeed goes into its own folder beside torch: the pure-Python wheel in ../shared/gpu-wheels
+# (or `pip download deepspeed==0.19.8`) and its dependencies, with `pip install --target`.
+DS_SITE ?= .ds-site
+DS_WHEEL ?= ../shared/gpu-wheels/deepspeed-0.19.8-py3-none-any.whl
+ds-golden: $(STAMP)
+	test -d $(DS_SITE)/deepspeed || ( \
+		$(PY) -m pip install --quiet --disable-pip-version-check --target $(DS_SITE) \
+			einops hjson msgpack ninja py-cpuinfo "pydantic>=2" tqdm && \
+		$(PY) -m pip install --quiet --disable-pip-version-check --target $(DS_SITE) \
+			--no-deps $(DS_WHEEL) )
+	$(PY) tools/ds_golden.py --python $(PY) --pythonpath $(DS_SITE)
 
 # The documentation site into site/ (mkdocs-material + mkdocstrings, the `docs` extra), with
 # every warning an error; the config reference is generated from zerolite/config/ as it builds.

@@ -1,0 +1,441 @@
+"""DeepSpeed conformance client: small programs written against DeepSpeed's documented API
+only, each recording what a program can observe (losses, learning rates, counters, grad
+norms, checkpoint files and client_state, dataloader order, partitioned-parameter attributes).
+The same file runs under real DeepSpeed (tools/ds_golden.py records tests/ds_golden/) and
+under `zerolite.as_deepspeed` (tests/test_ds_conformance.py compares the two).
+
+    torchrun --nproc_per_node 2 ds_conformance.py --out DIR [--only a,b]
+
+Each rank writes DIR/rank{r}.json: {scenario: record}; a scenario that raises records
+{"error": "<type>: <message>"} and the next one still runs.
+"""
+import argparse
+import gc
+import json
+import os
+import sys
+import traceback
+
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+IN, HIDDEN, OUT = 8, 16, 4
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.LayerNorm(HIDDEN), nn.GELU(),
+                         nn.Linear(HIDDEN, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, OUT))
+
+
+def batches(n, micro, seed=1):
+    """n micro-batches of this rank: the global batch of each is split in rank order."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randn(micro * world, IN, generator=g)
+        y = torch.randn(micro * world, OUT, generator=g)
+        out.append((x[rank * micro:(rank + 1) * micro], y[rank * micro:(rank + 1) * micro]))
+    return out
+
+
+def adamw(lr=1e-3, wd=0.1, kind="AdamW"):
+    return {"type": kind, "params": {"lr": lr, "betas": [0.9, 0.99], "eps": 1e-8,
+                                     "weight_decay": wd, "torch_adam": True}}
+
+
+def config(stage, micro=2, gas=1, clip=0.0, **extra):
+    cfg = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
+           "gradient_clipping": clip, "steps_per_print": 10**6,
+           "zero_optimization": {"stage": stage}}
+    cfg.update(extra)
+    return cfg
+
+
+def number(v):
+    """A float, or None; tensors become their value (the type is recorded apart)."""
+    if v is None:
+        return None
+    if torch.is_tensor(v):
+        return float(v.detach().float().item())
+    return float(v)
+
+
+def kind(v):
+    """The type a program sees: a tensor's dtype too."""
+    return f"Tensor {v.dtype}" if torch.is_tensor(v) else type(v).__name__
+
+
+def counters(engine):
+    return {"global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps}
+
+
+def checksum(engine):
+    """Every parameter's float64 sum, gathered (a no-op below stage 3)."""
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params):
+        return [float(p.detach().double().sum()) for p in params]
+
+
+def train(engine, data, cast=None):
+    """Forward/backward/step per micro-batch; what the program sees after each."""
+    rows = []
+    for x, y in data:
+        if cast is not None:
+            x = x.to(cast)
+        out = engine(x)
+        loss = F.mse_loss(out.float(), y)
+        boundary = engine.is_gradient_accumulation_boundary()
+        returned = engine.backward(loss)
+        stepped = engine.step()
+        norm = engine.get_global_grad_norm()
+        rows.append({"loss": float(loss.item()), "boundary": bool(boundary),
+                     "backward_returned": number(returned),
+                     "backward_returned_type": kind(returned), "step_returned": kind(stepped),
+                     "lr": engine.get_lr(),
+                     "grad_norm": number(norm), "grad_norm_type": kind(norm),
+                     "out_dtype": str(out.dtype), **counters(engine)})
+    return rows
+
+
+# -- scenarios ------------------------------------------------------------------------
+
+
+def config_optimizer_scheduler_gas(tmp):
+    """ZeRO-3, optimizer and WarmupDecayLR from the config, accumulation 2, clipping 0.5."""
+    cfg = config(3, micro=2, gas=2, clip=0.5, optimizer=adamw(),
+                 scheduler={"type": "WarmupDecayLR", "params": {
+                     "warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 3,
+                     "total_num_steps": 10}})
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    model = mlp()
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=cfg)
+    rec = {"norm_before_step": number(engine.get_global_grad_norm()),
+           "lr_before": engine.get_lr(),
+           "sizes": [engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                     engine.gradient_accumulation_steps()],
+           "scheduler_last_lr": None, "returned_scheduler": scheduler is not None}
+    rec["steps"] = train(engine, batches(8, 2))
+    rec["scheduler_last_lr"] = scheduler.get_last_lr()
+    rec["scheduler_state"] = scheduler.state_dict()
+    rec["optimizer_lrs"] = [g["lr"] for g in optimizer.param_groups]
+    rec["accessors"] = {
+        "module_is_model": engine.module is model, "global_rank": engine.global_rank,
+        "world_size": engine.world_size, "dp_world_size": engine.dp_world_size,
+        "local_rank": engine.local_rank, "device": str(engine.device),
+        "zero_optimization_stage": engine.zero_optimization_stage(),
+        "bfloat16_enabled": engine.bfloat16_enabled(), "fp16_enabled": engine.fp16_enabled(),
+        "zero_cpu_offload": engine.zero_cpu_offload(),
+        "gradient_clipping": engine.gradient_clipping(),
+        "steps_per_print": engine.steps_per_print(),
+        "zero_allow_untested_optimizer": engine.zero_allow_untested_optimizer(),
+        "optimizer_name": engine.optimizer_name(), "scheduler_name": engine.scheduler_name()}
+    rec["checksum"] = checksum(engine)
+    return rec
+
+
+def _stage(stage):
+    def scenario(tmp):
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(stage, gas=2, clip=1.0,
+                                                        optimizer=adamw()))
+        return {"steps": train(engine, batches(6, 2)), "checksum": checksum(engine)}
+    scenario.__name__ = f"stage{stage}_fp32"
+    scenario.__doc__ = f"Stage {stage}, fp32, AdamW from the config, accumulation 2, clip 1.0."
+    return scenario
+
+
+def client_optimizer_and_scheduler(tmp):
+    """Stage 2; the program's AdamW with a no-decay group and its LambdaLR, both passed in."""
+    model = mlp()
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1]
+    no_decay = [p for n, p in model.named_parameters() if not (n.endswith("weight")
+                                                                and p.dim() > 1)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=2e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=opt,
+                                                           lr_scheduler=sched,
+                                                           config=config(2, clip=1.0))
+    rec = {"same_scheduler": scheduler is sched, "steps": train(engine, batches(4, 2))}
+    rec["scheduler_last_lr"] = scheduler.get_last_lr()
+    rec["group_lrs"] = [g["lr"] for g in optimizer.param_groups]
+    rec["group_wd"] = [g["weight_decay"] for g in optimizer.param_groups]
+    rec["checksum"] = checksum(engine)
+    return rec
+
+
+def client_optimizer_config_scheduler(tmp):
+    """Stage 3; the program's SGD (momentum, allowed as an untested ZeRO optimizer) with
+    WarmupLR from the config."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    cfg = config(3, clip=0.0, zero_allow_untested_optimizer=True,
+                 scheduler={"type": "WarmupLR", "params": {
+                     "warmup_min_lr": 0.0, "warmup_max_lr": 0.02, "warmup_num_steps": 4,
+                     "warmup_type": "linear"}})
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=opt,
+                                                           config=cfg)
+    rec = {"lr_before": engine.get_lr(), "steps": train(engine, batches(5, 2))}
+    rec["scheduler_last_lr"] = scheduler.get_last_lr()
+    rec["checksum"] = checksum(engine)
+    return rec
+
+
+def client_sgd_not_allowed(tmp):
+    """A ZeRO stage with an optimizer DeepSpeed has not tested, without
+    zero_allow_untested_optimizer: initialize refuses it."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    deepspeed.initialize(model=model, optimizer=opt, config=config(2))
+    return {"initialized": True}
+
+
+def offload_client_optimizer_refused(tmp):
+    """offload_optimizer cpu with the program's torch AdamW: DeepSpeed refuses it (not
+    DeepSpeedCPUAdam) unless zero_force_ds_cpu_optimizer is false."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    deepspeed.initialize(model=model, optimizer=opt, config=config(
+        2, zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}))
+    return {"initialized": True}
+
+
+def offload_client_optimizer_allowed(tmp):
+    """The same with "zero_force_ds_cpu_optimizer": false: the torch AdamW on the host."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config(
+        3, clip=1.0, zero_force_ds_cpu_optimizer=False,
+        zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"}}))
+    return {"offload": engine.zero_cpu_offload(), "steps": train(engine, batches(3, 2)),
+            "checksum": checksum(engine)}
+
+
+class PerTensorNormalizedSGD(torch.optim.Optimizer):
+    """A shape-aware update: each parameter moves by lr * g / ||g|| (its own whole norm)."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad / (p.grad.norm() + 1e-12), alpha=-group["lr"])
+
+
+def stage0_per_tensor_optimizer(tmp):
+    """Stage 0 with an optimizer that reads each parameter's whole norm."""
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model,
+                                      optimizer=PerTensorNormalizedSGD(model.parameters(), 0.05),
+                                      config=config(0))
+    return {"steps": train(engine, batches(3, 2)), "checksum": checksum(engine)}
+
+
+def _bf16(stage):
+    def scenario(tmp):
+        model = mlp()
+        cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3, wd=0.5, kind="Adam"),
+                     bf16={"enabled": True})
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        rec = {"param_dtypes": sorted({str(p.dtype) for p in engine.module.parameters()})}
+        rec["steps"] = train(engine, batches(8, 2), cast=torch.bfloat16)
+        rec["checksum"] = checksum(engine)
+        return rec
+    scenario.__name__ = f"bf16_stage{stage}_adam"
+    scenario.__doc__ = (f"Stage {stage} in bf16, \"Adam\" from the config (AdamW by DeepSpeed's "
+                        "adam_w_mode default).")
+    return scenario
+
+
+def adam_l2_mode(tmp):
+    """Stage 1, "Adam" with adam_w_mode false: L2 weight decay, not decoupled."""
+    model = mlp()
+    opt = adamw(lr=3e-3, wd=0.5, kind="Adam")
+    opt["params"]["adam_w_mode"] = False
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(1, optimizer=opt))
+    return {"steps": train(engine, batches(3, 2)), "checksum": checksum(engine)}
+
+
+def checkpoint_roundtrip(tmp):
+    """Stage 3 with a scheduler: save after 2 steps (client_state), train 2 more; a fresh
+    engine from other weights loads the save and must train the same 2 steps."""
+    ckpt = os.path.join(tmp, "ckpt")
+    cfg = config(3, clip=1.0, optimizer=adamw(), scheduler={"type": "WarmupLR", "params": {
+        "warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 3}})
+    data = batches(4, 2)
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    train(engine, data[:2])
+    saved = engine.save_checkpoint(ckpt, client_state={"epoch": 7, "note": "mine"})
+    dist.barrier()
+    rec = {"save_returned": saved if isinstance(saved, (bool, type(None))) else str(saved),
+           "files": sorted(os.listdir(ckpt))}
+    with open(os.path.join(ckpt, "latest")) as f:
+        rec["latest"] = f.read()
+    rec["after_save"] = train(engine, data[2:])
+    del engine
+    gc.collect()
+
+    model = mlp(seed=5)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    path, client_state = engine.load_checkpoint(ckpt)
+    # The file differs by format (DeepSpeed: this rank's model states .pt); its folder not.
+    rec["load_path"] = [os.path.relpath(os.path.dirname(path), ckpt), os.path.isfile(path)]
+    rec["client_state_keys"] = sorted(client_state)
+    rec["client_state_values"] = {k: client_state[k] for k in ("epoch", "note")
+                                  if k in client_state}
+    rec["counters_after_load"] = counters(engine)
+    rec["lr_after_load"] = engine.get_lr()
+    rec["after_load"] = train(engine, data[2:])
+    missing, missing_state = engine.load_checkpoint(os.path.join(tmp, "nothing-here"))
+    rec["load_missing"] = [missing, missing_state]
+    return rec
+
+
+def save_16bit_model_files(tmp):
+    """save_16bit_model with its default name at stage 3 (gather key on, and off: nothing)
+    and at stage 2: the files, and the state dict read back with torch.load."""
+    rec = {}
+    for stage, gather in ((3, True), (3, False), (2, None)):
+        out = os.path.join(tmp, f"stage{stage}_{gather}")
+        zero = {"stage": stage}
+        if gather is not None:
+            zero["stage3_gather_16bit_weights_on_model_save"] = gather
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(stage, optimizer=adamw(),
+                                                        zero_optimization=zero))
+        train(engine, batches(2, 2))
+        saved = engine.save_16bit_model(out)
+        dist.barrier()
+        files = sorted(os.listdir(out)) if os.path.isdir(out) else []
+        row = {"returned": saved, "files": files}
+        if "pytorch_model.bin" in files:
+            sd = torch.load(os.path.join(out, "pytorch_model.bin"), weights_only=True)
+            row["tensors"] = {k: [str(v.dtype), list(v.shape), float(v.double().sum())]
+                              for k, v in sd.items()}
+        rec[f"stage{stage}_gather_{gather}"] = row
+        del engine
+        gc.collect()
+    return rec
+
+
+def dataloader_order(tmp):
+    """initialize(training_data=...): the loader's batches on this rank, two epochs."""
+    data = torch.utils.data.TensorDataset(torch.arange(22).float().unsqueeze(1))
+    model = mlp()
+    engine, _, loader, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), training_data=data,
+        config=config(2, micro=3, optimizer=adamw()))
+    epochs = [[b[0].view(-1).long().tolist() for b in loader] for _ in range(2)]
+    return {"len": len(loader), "epochs": epochs}
+
+
+def zero_init_and_gather(tmp):
+    """Build under zero.Init, overwrite a weight under GatheredParameters(modifier_rank=0),
+    train 2 steps; the partitioned parameters' DeepSpeed attributes."""
+    cfg = config(3, optimizer=adamw(), zero_optimization={
+        "stage": 3, "stage3_param_persistence_threshold": 0})
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        model = mlp()
+    first = model[0].weight
+    rec = {"attrs": [[p.ds_numel, list(p.ds_shape), p.ds_tensor.numel(), list(p.shape)]
+                     for p in model.parameters()]}
+    with deepspeed.zero.GatheredParameters(first, modifier_rank=0):
+        if dist.get_rank() == 0:
+            first.data.fill_(0.01)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    rec["steps"] = train(engine, batches(2, 2))
+    rec["checksum"] = checksum(engine)
+    return rec
+
+
+def eval_mode_forward(tmp):
+    """engine.eval() / train() flags and a no-grad forward at stage 3."""
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(3, optimizer=adamw()))
+    x, _ = batches(1, 2)[0]
+    engine.eval()
+    rec = {"eval_flags": [engine.training, engine.module.training]}
+    with torch.no_grad():
+        rec["eval_out_sum"] = float(engine(x).double().sum())
+    engine.train()
+    rec["train_flags"] = [engine.training, engine.module.training]
+    return rec
+
+
+def batch_size_arithmetic(tmp):
+    """train_batch_size alone (micro derived) and set_train_batch_size changing the
+    accumulation steps."""
+    model = mlp()
+    cfg = {"train_batch_size": 8, "gradient_accumulation_steps": 2, "optimizer": adamw(),
+           "zero_optimization": {"stage": 1}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    rec = {"sizes": [engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                     engine.gradient_accumulation_steps()]}
+    engine.set_train_batch_size(16)
+    rec["sizes_after_set"] = [engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                              engine.gradient_accumulation_steps()]
+    rec["steps"] = train(engine, batches(8, 2))
+    return rec
+
+
+SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
+             client_optimizer_and_scheduler, client_optimizer_config_scheduler,
+             client_sgd_not_allowed, offload_client_optimizer_refused,
+             offload_client_optimizer_allowed, stage0_per_tensor_optimizer, _bf16(2), _bf16(3),
+             adam_l2_mode, checkpoint_roundtrip, save_16bit_model_files, dataloader_order,
+             zero_init_and_gather, eval_mode_forward, batch_size_arithmetic]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--only", default="")
+    p.add_argument("--local_rank", type=int, default=-1)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    wanted = {s for s in args.only.split(",") if s}
+    records = {"deepspeed_version": deepspeed.__version__, "world": dist.get_world_size()}
+    for scenario in SCENARIOS:
+        name = scenario.__name__
+        if wanted and name not in wanted:
+            continue
+        tmp = os.path.join(args.out, "tmp", name)
+        os.makedirs(tmp, exist_ok=True)
+        try:
+            records[name] = scenario(tmp)
+        except Exception as exc:  # recorded: the comparison shows it
+            traceback.print_exc(file=sys.stderr)
+            records[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        gc.collect()
+        dist.barrier()
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(records, f, indent=1, sort_keys=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
