@@ -35,6 +35,10 @@ DIFFERENCES = {
         "(param_shapes, shared_params, frozen_param_shapes / _fragments) and "
         "checkpoint_parallel_dimensions, which describe DeepSpeed's files; zerolite returns "
         "the rest of its bookkeeping (global_samples, ds_config, ds_version, buffer_names)",
+    "full_tensor_accessors.*.loss_after_set":
+        "safe_set_full_fp32_param: DeepSpeed writes its fp32 copy only, so the forward before "
+        "the next step still sees the old weights; zerolite's fp32 master is often the "
+        "compute shard itself, so it makes the write visible at once in every layout",
 }
 """Path pattern (fnmatch over 'scenario.key[i].key') -> why zerolite differs there."""
 

@@ -100,7 +100,10 @@ class TensorFragments:
     @torch.no_grad()
     def set_full_param(self, p, value: torch.Tensor) -> None:
         """The new master, and the model's own copy of it, so the next forward and the next
-        step both start from `value` (DeepSpeed's low-precision copy catches up at the step)."""
+        step both start from `value`. DeepSpeed writes only its fp32 copy, and the forward
+        before the next step still sees the old weights (tests/test_ds_conformance.py
+        recorded it); zerolite's fp32 master is often the compute shard itself, so it makes
+        the write visible at once everywhere rather than in some layouts only."""
         if not self.optimized(p):
             return
         flat, slot = self._slot(p)

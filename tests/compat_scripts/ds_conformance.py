@@ -335,6 +335,126 @@ def save_16bit_model_files(tmp):
     return rec
 
 
+SCHEDULES = {
+    "WarmupLR_log": {"type": "WarmupLR", "params": {
+        "warmup_min_lr": 1e-4, "warmup_max_lr": 1e-2, "warmup_num_steps": 5}},
+    "WarmupDecayLR_past_total": {"type": "WarmupDecayLR", "params": {
+        "warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 3,
+        "total_num_steps": 8, "warmup_type": "linear"}},
+    "WarmupCosineLR": {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": 10, "warmup_num_steps": 3, "warmup_min_ratio": 0.1,
+        "cos_min_ratio": 0.01, "warmup_type": "log"}},
+    "OneCycle": {"type": "OneCycle", "params": {
+        "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2, "cycle_first_step_size": 3,
+        "cycle_second_step_size": 2, "decay_step_size": 2, "decay_lr_rate": 0.5,
+        "cycle_momentum": True, "cycle_min_mom": 0.8, "cycle_max_mom": 0.9,
+        "decay_mom_rate": 0.1}},
+    "LRRangeTest": {"type": "LRRangeTest", "params": {
+        "lr_range_test_min_lr": 1e-4, "lr_range_test_step_size": 2,
+        "lr_range_test_step_rate": 2.0, "lr_range_test_staircase": True}},
+}
+
+
+def lr_schedules(tmp):
+    """DeepSpeed's config schedulers over 11 steps: lr and momentum as the engine reports
+    them after each step, and the losses they give (stage 1, AdamW from the config)."""
+    rec = {}
+    for name, sched in SCHEDULES.items():
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(1, optimizer=adamw(), scheduler=sched))
+        rows = train(engine, batches(11, 2))
+        rec[name] = {"lr": [r["lr"] for r in rows], "losses": [r["loss"] for r in rows],
+                     "mom": engine.get_mom()}
+        rec[name]["state"] = engine.lr_scheduler.state_dict()
+        del engine
+        gc.collect()
+    return rec
+
+
+def full_tensor_accessors(tmp):
+    """deepspeed.utils.safe_get_full_grad between backward and step, safe_get_full_fp32_param
+    and safe_get_full_optimizer_state after it, safe_set_full_fp32_param then a step (stage 3
+    and 2)."""
+    from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_grad,
+                                 safe_get_full_optimizer_state, safe_set_full_fp32_param)
+
+    rec = {}
+    for stage in (3, 2):
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(stage, clip=1.0, optimizer=adamw()))
+        (x, y), (x2, y2), (x3, y3) = batches(3, 2)
+        loss = F.mse_loss(engine(x), y)
+        engine.backward(loss)
+        params = list(engine.module.named_parameters())
+        grads = {n: float(safe_get_full_grad(p).double().sum()) for n, p in params}
+        engine.step()
+        loss = F.mse_loss(engine(x2), y2)
+        engine.backward(loss)
+        engine.step()
+        row = {"grads": grads,
+               "fp32": {n: float(safe_get_full_fp32_param(p).double().sum()) for n, p in params},
+               "exp_avg_sq": {n: float(safe_get_full_optimizer_state(p, "exp_avg_sq").double()
+                                       .sum()) for n, p in params}}
+        first = params[0][1]
+        safe_set_full_fp32_param(first, torch.full(tuple(first.ds_shape if stage == 3 else
+                                                         first.shape), 0.02))
+        row["after_set"] = float(safe_get_full_fp32_param(first).double().sum())
+        row["loss_after_set"] = train(engine, [(x3, y3)])[0]["loss"]
+        rec[f"stage{stage}"] = row
+        del engine
+        gc.collect()
+    return rec
+
+
+def gathered_write_without_modifier(tmp):
+    """Stage 3, nothing persistent: a write under GatheredParameters(modifier_rank=None) on
+    every rank (DeepSpeed-Chat's EMA), then the gathered value and a step."""
+    cfg = config(3, optimizer=adamw(), zero_optimization={
+        "stage": 3, "stage3_param_persistence_threshold": 0})
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    weight = engine.module[3].weight
+    with deepspeed.zero.GatheredParameters([weight]):
+        before = float(weight.detach().double().sum())
+        weight.data.mul_(0.5)
+        inside = float(weight.detach().double().sum())
+    with deepspeed.zero.GatheredParameters([weight]):
+        after = float(weight.detach().double().sum())
+    return {"sums": [before, inside, after], "steps": train(engine, batches(2, 2))}
+
+
+def no_sync_and_manual_boundary(tmp):
+    """Stage 1: the first of two micro-batches under engine.no_sync(); then stage 2 driven by
+    set_gradient_accumulation_boundary."""
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(1, gas=2, optimizer=adamw()))
+    rows = []
+    for i, (x, y) in enumerate(batches(6, 2)):
+        if i % 2 == 0:  # forward and backward without the reduction; step() outside
+            with engine.no_sync():
+                loss = F.mse_loss(engine(x), y)
+                engine.backward(loss)
+            engine.step()
+            rows.append({"loss": float(loss.item()), **counters(engine)})
+        else:
+            rows += train(engine, [(x, y)])
+    rec = {"no_sync": rows, "no_sync_checksum": checksum(engine)}
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(2, gas=2, optimizer=adamw()))
+    rows = []
+    for i, (x, y) in enumerate(batches(6, 2)):
+        engine.set_gradient_accumulation_boundary(i % 2 == 1)
+        rows += train(engine, [(x, y)])
+    rec["manual"] = rows
+    rec["manual_checksum"] = checksum(engine)
+    return rec
+
+
 def dataloader_order(tmp):
     """initialize(training_data=...): the loader's batches on this rank, two epochs."""
     data = torch.utils.data.TensorDataset(torch.arange(22).float().unsqueeze(1))
@@ -404,7 +524,9 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_sgd_not_allowed, offload_client_optimizer_refused,
              offload_client_optimizer_allowed, stage0_per_tensor_optimizer, _bf16(2), _bf16(3),
              adam_l2_mode, checkpoint_roundtrip, save_16bit_model_files, dataloader_order,
-             zero_init_and_gather, eval_mode_forward, batch_size_arithmetic]
+             zero_init_and_gather, eval_mode_forward, batch_size_arithmetic, lr_schedules,
+             full_tensor_accessors, gathered_write_without_modifier,
+             no_sync_and_manual_boundary]
 
 
 def main():
