@@ -13,8 +13,8 @@ Engines (each in a process of its own, so peak memory and start-up are its own):
   zerolite_offload  the same JSON plus offload_optimizer cpu, pin_memory
 
 Same seed, same initial weights (built on the device), same batches, same hyper-parameters.
-Per engine: tokens/s over the measured steps, MFU = 6 * params * tokens/s / peak (H200 dense
-bf16, 989 TFLOP/s), peak max_memory_allocated / max_memory_reserved over the whole process,
+Per engine: tokens/s over the measured steps, MFU = 6 * params * tokens/s / the device's dense
+bf16 peak (H200 and H100 SXM 989 TFLOP/s; `peak_flops`), peak max_memory_allocated / max_memory_reserved over the whole process,
 first-step seconds, and the loss of every step. The summary adds each loss's relative
 difference from the torch engine's. A failing engine is recorded with its error; the others
 still run.
@@ -35,7 +35,18 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 ENGINES = ("torch", "fsdp2", "deepspeed", "zerolite", "zerolite_offload")
-H200_BF16_DENSE_FLOPS = 989e12
+BF16_DENSE_FLOPS = {"H200": 989e12, "H100 80GB HBM3": 989e12, "H100 SXM": 989e12,
+                    "H100 NVL": 835e12, "H100 PCIe": 756e12, "A100": 312e12}
+"""Dense bf16 peak by device-name fragment (NVIDIA's datasheets); the first that the device
+name contains wins. The lent machines are an H200 and an 'NVIDIA H100 80GB HBM3' (SXM)."""
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Dense bf16 peak for MFU, or None for a device not in the table (MFU left out)."""
+    for fragment, flops in BF16_DENSE_FLOPS.items():
+        if fragment in device_name:
+            return flops
+    return None
 LR, BETAS, EPS, WD, CLIP = 3e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
 
 
@@ -155,10 +166,13 @@ def run_engine(engine: str, micro: int, steps: int, warmup: int, dry: bool) -> d
     tokens = micro * cfg.seq_len
     measured = sum(times[warmup:])
     tok_s = tokens * steps / measured
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    peak = peak_flops(name)
     row = {"engine": engine, "notes": notes, "params": params, "micro": micro,
            "seq": cfg.seq_len, "build_s": build_s, "first_step_s": times[0],
-           "step_s": measured / steps, "tokens_per_s": tok_s,
-           "mfu": 6 * params * tok_s / H200_BF16_DENSE_FLOPS, "losses": losses}
+           "step_s": measured / steps, "tokens_per_s": tok_s, "device": name,
+           "peak_flops": peak, "mfu": None if peak is None else 6 * params * tok_s / peak,
+           "losses": losses}
     if device.type == "cuda":
         row.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
                    peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30)
@@ -184,7 +198,8 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['engine']} | FAILED: {r['error'][:120]} |||||||")
             continue
         lines.append(
-            f"| {r['engine']} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
+            f"| {r['engine']} | {r['tokens_per_s']:.0f} | "
+            f"{'n/a' if r.get('mfu') is None else format(r['mfu'], '.1%')} | "
             f"{r.get('peak_allocated_gib', 0):.1f} | {r.get('peak_reserved_gib', 0):.1f} | "
             f"{r['first_step_s']:.2f} | {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | "
             f"{r.get('max_rel_loss_diff_vs_torch', float('nan')):.2e} |")

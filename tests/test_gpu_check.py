@@ -131,6 +131,18 @@ def test_peers_summary_marks_a_failed_engine():
     assert "| deepspeed | FAILED: rc=1: boom" in text and "| zerolite | 11 |" in text
 
 
+def test_mfu_peak_follows_the_device_name():
+    """The lent machines: an H200 and an 'NVIDIA H100 80GB HBM3' (989 TFLOP/s dense bf16
+    each); a PCIe H100 has less; an unknown device gets no MFU rather than a wrong one."""
+    assert gpu_peers.peak_flops("NVIDIA H200") == gpu_peers.peak_flops(
+        "NVIDIA H100 80GB HBM3") == 989e12
+    assert gpu_peers.peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert gpu_peers.peak_flops("cpu") is None
+    row = {"engine": "torch", "losses": [1.0], "tokens_per_s": 5.0, "mfu": None,
+           "first_step_s": 1.0}
+    assert "| torch | 5 | n/a |" in gpu_peers.table([row])
+
+
 def test_the_tests_phase_runs_every_cuda_test():
     """A cuda-marked test only ever runs in the GPU check's tests phase."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
