@@ -455,6 +455,129 @@ def no_sync_and_manual_boundary(tmp):
     return rec
 
 
+class TiedNet(nn.Module):
+    """An embedding shared with the output layer, a frozen layer, dropout and a BatchNorm
+    (running statistics are buffers each rank updates from its own data)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(12, IN)
+        self.frozen = nn.Linear(IN, IN)
+        self.frozen.requires_grad_(False)
+        # No bias before the BatchNorm: its gradient is zero up to rounding (the norm removes
+        # it), so Adam would turn rounding noise into lr-sized steps that differ by engine.
+        self.body = nn.Sequential(nn.Linear(IN, HIDDEN, bias=False), nn.BatchNorm1d(HIDDEN),
+                                  nn.GELU(), nn.Dropout(0.3), nn.Linear(HIDDEN, IN))
+
+    def forward(self, ids):
+        h = self.body(self.frozen(self.emb(ids)))
+        return h @ self.emb.weight.t()
+
+
+def token_batches(n, micro, seed=2):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, 12, (micro * world,), generator=g)
+        out.append((ids[rank * micro:(rank + 1) * micro], (ids[rank * micro:(rank + 1) * micro]
+                                                          + 1) % 12))
+    return out
+
+
+def tied_frozen_dropout_batchnorm(tmp):
+    """Stage 3 and 2: tied weights, a frozen layer, dropout (the global RNG, seeded the same
+    on every rank before initialize) and BatchNorm buffers; the 16-bit file's names."""
+    rec = {}
+    for stage in (3, 2):
+        torch.manual_seed(0)
+        model = TiedNet()
+        zero = {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True}
+        if stage == 3:
+            zero["stage3_param_persistence_threshold"] = 0
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=config(stage, clip=1.0, optimizer=adamw(), zero_optimization=zero))
+        torch.manual_seed(100 + dist.get_rank())  # dropout masks differ per rank, as usual
+        losses = []
+        for ids, target in token_batches(4, 3):
+            loss = F.cross_entropy(engine(ids), target)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.item()))
+        bn = engine.module.body[1]
+        row = {"losses": losses, "running_mean": float(bn.running_mean.double().sum()),
+               "num_batches_tracked": int(bn.num_batches_tracked),
+               "frozen_grad_is_none": engine.module.frozen.weight.grad is None}
+        params = list(engine.module.parameters())
+        with deepspeed.zero.GatheredParameters(params):
+            row["frozen_sum"] = float(engine.module.frozen.weight.double().sum())
+            row["emb_sum"] = float(engine.module.emb.weight.double().sum())
+        out = os.path.join(tmp, f"stage{stage}")
+        engine.save_16bit_model(out)
+        dist.barrier()
+        sd = torch.load(os.path.join(out, "pytorch_model.bin"), weights_only=True)
+        row["saved_keys"] = sorted(sd)
+        row["saved_running_mean"] = float(sd["body.1.running_mean"].double().sum())
+        rec[f"stage{stage}"] = row
+        del engine
+        gc.collect()
+    return rec
+
+
+def param_groups_with_own_lr(tmp):
+    """model_parameters as two groups with their own lr and weight decay, the optimizer and
+    WarmupDecayLR from the config: what each group's lr becomes, step by step."""
+    model = mlp()
+    first = list(model[0].parameters())
+    rest = [p for p in model.parameters() if all(p is not q for q in first)]
+    groups = [{"params": first, "lr": 1e-2, "weight_decay": 0.0},
+              {"params": rest, "lr": 1e-3}]
+    engine, optimizer, *_ = deepspeed.initialize(
+        model=model, model_parameters=groups, config=config(
+            3, optimizer=adamw(lr=5e-3), scheduler={"type": "WarmupDecayLR", "params": {
+                "warmup_min_lr": 0.0, "warmup_max_lr": 2e-3, "warmup_num_steps": 2,
+                "total_num_steps": 6}}))
+    rows = train(engine, batches(4, 2))
+    return {"steps": rows, "group_lrs": [g["lr"] for g in optimizer.param_groups],
+            "group_wd": [g["weight_decay"] for g in optimizer.param_groups],
+            "checksum": checksum(engine)}
+
+
+def gradient_scaling_options(tmp):
+    """prescale_gradients, then gradient_predivide_factor 4 (stages 0 and 1: DeepSpeed
+    refuses both with the reduce-scatter of stages 2 and 3), then bf16 gradient
+    communication while training in fp32 (stages 2 and 3)."""
+    rec = {}
+    for name, extra, stages in (("prescale", {"prescale_gradients": True}, (0, 1)),
+                                ("predivide", {"gradient_predivide_factor": 4.0}, (0, 1)),
+                                ("bf16_comm", {"communication_data_type": "bf16"}, (2, 3))):
+        for stage in stages:
+            model = mlp()
+            engine, *_ = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(),
+                config=config(stage, gas=2, clip=1.0, optimizer=adamw(), **extra))
+            rows = train(engine, batches(4, 2))
+            rec[f"{name}_stage{stage}"] = {"losses": [r["loss"] for r in rows],
+                                           "grad_norms": [r["grad_norm"] for r in rows]}
+            del engine
+            gc.collect()
+    return rec
+
+
+def module_state_outside_gather(tmp):
+    """Stage 3: what engine.module.state_dict() and a parameter hold outside a gather."""
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(3, optimizer=adamw(), zero_optimization={
+                                          "stage": 3, "stage3_param_persistence_threshold": 0}))
+    train(engine, batches(1, 2))
+    sd = engine.module.state_dict()
+    return {"state_dict": {k: [list(v.shape), str(v.dtype)] for k, v in sd.items()},
+            "param_shape": list(engine.module[0].weight.shape),
+            "ds_status": str(engine.module[0].weight.ds_status)}
+
+
 def dataloader_order(tmp):
     """initialize(training_data=...): the loader's batches on this rank, two epochs."""
     data = torch.utils.data.TensorDataset(torch.arange(22).float().unsqueeze(1))
@@ -526,7 +649,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              adam_l2_mode, checkpoint_roundtrip, save_16bit_model_files, dataloader_order,
              zero_init_and_gather, eval_mode_forward, batch_size_arithmetic, lr_schedules,
              full_tensor_accessors, gathered_write_without_modifier,
-             no_sync_and_manual_boundary]
+             no_sync_and_manual_boundary, tied_frozen_dropout_batchnorm,
+             param_groups_with_own_lr, gradient_scaling_options, module_state_outside_gather]
 
 
 def main():
