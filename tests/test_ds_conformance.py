@@ -36,6 +36,11 @@ DIFFERENCES = {
         "(param_shapes, shared_params, frozen_param_shapes / _fragments) and "
         "checkpoint_parallel_dimensions, which describe DeepSpeed's files; zerolite returns "
         "the rest of its bookkeeping (global_samples, ds_config, ds_version, buffer_names)",
+    "zero_init_variants.bf16.*":
+        "zero.Init under a bf16 config: DeepSpeed creates the parameters in bf16 (its "
+        "initialisers draw in bf16, and the fp32 masters start from bf16 values); zerolite "
+        "keeps the values the model built, so the masters start from them exactly "
+        "(zero/init.py; DESIGN: numerics)",
     "full_tensor_accessors.*.loss_after_set":
         "safe_set_full_fp32_param: DeepSpeed writes its fp32 copy only, so the forward before "
         "the next step still sees the old weights; zerolite's fp32 master is often the "

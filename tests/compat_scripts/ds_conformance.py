@@ -578,6 +578,75 @@ def module_state_outside_gather(tmp):
             "ds_status": str(engine.module[0].weight.ds_status)}
 
 
+def zero_init_variants(tmp):
+    """zero.Init switched off, with remote_device="cpu", and with bf16 in its config (the
+    parameters' dtype and attributes), each then trained 2 steps at stage 3 in that dtype."""
+    rec = {}
+    bf16 = {"enabled": True}
+    for name, kwargs, extra in (("disabled", {"enabled": False}, {}),
+                                ("remote_cpu", {"remote_device": "cpu"}, {}),
+                                ("bf16", {}, {"bf16": bf16})):
+        cfg = config(3, optimizer=adamw(), zero_optimization={
+            "stage": 3, "stage3_param_persistence_threshold": 0}, **extra)
+        torch.manual_seed(0)
+        with deepspeed.zero.Init(config_dict_or_path=cfg, **kwargs):
+            model = mlp()
+        row = {"dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+               "partitioned": [hasattr(p, "ds_id") for p in model.parameters()],
+               "shapes": [list(p.shape) for p in model.parameters()]}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        row["steps"] = [r["loss"] for r in train(engine, batches(2, 2),
+                                                 cast=torch.bfloat16 if extra else None)]
+        row["checksum"] = checksum(engine)
+        rec[name] = row
+        del engine
+        gc.collect()
+    return rec
+
+
+def checkpoint_options(tmp):
+    """Stage 2 with a frozen layer: save_checkpoint(tag, save_latest=False,
+    exclude_frozen_parameters=True), load by tag into an engine with other weights (the frozen
+    layer keeps its own), and load_module_only (counters and optimizer state start over)."""
+    ckpt = os.path.join(tmp, "ckpt")
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = mlp(seed)
+        model[0].requires_grad_(False)
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=config(2, optimizer=adamw()))
+        return engine
+
+    engine = build(0)
+    data = batches(4, 2)
+    train(engine, data[:2])
+    engine.save_checkpoint(ckpt, tag="mine", save_latest=False,
+                           exclude_frozen_parameters=True)
+    dist.barrier()
+    rec = {"files": sorted(os.listdir(ckpt)), "after_save": train(engine, data[2:])}
+    del engine
+    gc.collect()
+    engine = build(5)
+    frozen_before = float(engine.module[0].weight.double().sum())
+    path, client_state = engine.load_checkpoint(ckpt, tag="mine", load_module_strict=False)
+    rec["frozen_kept"] = float(engine.module[0].weight.double().sum()) == frozen_before
+    rec["after_load"] = train(engine, data[2:])
+    del engine
+    gc.collect()
+    engine = build(5)
+    _, client_state = engine.load_checkpoint(ckpt, tag="mine", load_module_strict=False,
+                                             load_module_only=True)
+    rec["module_only_counters"] = counters(engine)
+    rec["module_only_keys"] = sorted(k for k in client_state
+                                     if k in ("global_steps", "skipped_steps",
+                                              "dp_world_size", "mp_world_size"))
+    rec["module_only_steps"] = train(engine, data[2:])
+    return rec
+
+
 def dataloader_order(tmp):
     """initialize(training_data=...): the loader's batches on this rank, two epochs."""
     data = torch.utils.data.TensorDataset(torch.arange(22).float().unsqueeze(1))
@@ -650,7 +719,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              zero_init_and_gather, eval_mode_forward, batch_size_arithmetic, lr_schedules,
              full_tensor_accessors, gathered_write_without_modifier,
              no_sync_and_manual_boundary, tied_frozen_dropout_batchnorm,
-             param_groups_with_own_lr, gradient_scaling_options, module_state_outside_gather]
+             param_groups_with_own_lr, gradient_scaling_options, module_state_outside_gather,
+             zero_init_variants, checkpoint_options]
 
 
 def main():
