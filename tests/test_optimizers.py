@@ -66,18 +66,17 @@ class _MyAdamW(torch.optim.AdamW):
     """A subclass: DeepSpeed's tested list is an exact type check, so it is untested."""
 
 
-class _PerTensorSGD(torch.optim.Optimizer):
-    """Shape-aware, as Adafactor or LARS: each parameter moves by lr * g / ||g||."""
-
-    def __init__(self, params, lr=0.1):
-        super().__init__(params, {"lr": lr})
+class _LarsSGD(torch.optim.SGD):
+    """Shape-aware, as LARS: each parameter's step is scaled by its trust ratio
+    ||p|| / ||g||, a whole-tensor norm that a flat shard does not have."""
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    p.add_(p.grad / (p.grad.norm() + 1e-12), alpha=-group["lr"])
+                    p.grad.mul_(p.norm() / (p.grad.norm() + 1e-12))
+        return super().step(closure)
 
 
 def _which_optimizers_initialize(rank, world):
@@ -89,9 +88,9 @@ def _which_optimizers_initialize(rank, world):
                                      {"zero_allow_untested_optimizer": True}),
         "callable SGD stage 1": (1, lambda ps: torch.optim.SGD, {}),
         "SGD stage 0": (0, lambda ps: torch.optim.SGD(ps, lr=0.1), {}),
-        "per-tensor stage 0": (0, lambda ps: _PerTensorSGD(ps), {}),
-        "per-tensor stage 0 allowed": (0, lambda ps: _PerTensorSGD(ps),
-                                       {"zero_allow_untested_optimizer": True}),
+        "LARS stage 0": (0, lambda ps: _LarsSGD(ps, lr=0.1), {}),
+        "LARS stage 0 allowed": (0, lambda ps: _LarsSGD(ps, lr=0.1),
+                                 {"zero_allow_untested_optimizer": True}),
         "offloaded AdamW": (3, lambda ps: torch.optim.AdamW(ps),
                             {"zero_optimization": {"stage": 3, "offload_optimizer": {
                                 "device": "cpu"}}}),
@@ -128,12 +127,12 @@ def test_optimizers_deepspeed_refuses_at_zero_stages_are_refused_with_the_key_to
     out = run_ranks(_which_optimizers_initialize, 1)[0]
     ok = {k for k, v in out.items() if v == "ok"}
     assert ok == {"AdamW stage 3", "subclass stage 2 allowed", "SGD stage 0",
-                  "per-tensor stage 0 allowed", "offloaded AdamW allowed"}, out
+                  "LARS stage 0 allowed", "offloaded AdamW allowed"}, out
     assert "_MyAdamW is not one DeepSpeed has tested with ZeRO stage 2" in out["subclass stage 2"]
     assert "torch.optim.sgd.SGD is not one" in out["callable SGD stage 1"]
-    for name in ("subclass stage 2", "callable SGD stage 1", "per-tensor stage 0"):
+    for name in ("subclass stage 2", "callable SGD stage 1", "LARS stage 0"):
         assert '"zero_allow_untested_optimizer": true' in out[name], out[name]
-    assert "not an element-wise optimizer" in out["per-tensor stage 0"]
+    assert "not an element-wise optimizer" in out["LARS stage 0"]
     assert '"zero_force_ds_cpu_optimizer": false' in out["offloaded AdamW"]
 
 

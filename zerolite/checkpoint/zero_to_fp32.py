@@ -105,13 +105,16 @@ def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
     return model
 
 
-def main(argv=None) -> int:
-    """DeepSpeed's command line for the script (same positional arguments and flags)."""
-    p = argparse.ArgumentParser(prog="zero_to_fp32.py", description="Consolidate a zerolite "
-                                "checkpoint into one fp32 model file (DeepSpeed's script)")
+def run_script(prog: str, description: str, argv=None, choose_dtype: bool = False) -> int:
+    """The command line DeepSpeed's zero_to_fp32.py and zero_to_torch.py share (the same
+    positional arguments and flags; zero_to_torch.py adds the required --dtype)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("checkpoint_dir", help="the folder holding `latest` and the tag folders, "
                    "e.g. path/checkpoint-12 (`.` when run from there)")
-    p.add_argument("output_dir", help="where the fp32 model files go")
+    p.add_argument("output_dir", help="where the model files go")
+    if choose_dtype:
+        p.add_argument("--dtype", required=True, choices=sorted(OUTPUT_DTYPES),
+                       help="dtype of the floating-point tensors written")
     p.add_argument("--max_shard_size", default="5GB",
                    help="largest safetensors shard (with --safe_serialization), e.g. 5GB")
     p.add_argument("--safe_serialization", action="store_true",
@@ -120,16 +123,23 @@ def main(argv=None) -> int:
     p.add_argument("--exclude_frozen_parameters", action="store_true")
     p.add_argument("-d", "--debug", action="store_true", help="accepted; no effect")
     args = p.parse_args(argv)
+    dtype = args.dtype if choose_dtype else "fp32"
     try:
-        written = convert_zero_checkpoint_to_fp32_state_dict(
-            args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
-            safe_serialization=args.safe_serialization, tag=args.tag,
-            exclude_frozen_parameters=args.exclude_frozen_parameters)
+        written = convert_zero_checkpoint_to_state_dict(
+            args.checkpoint_dir, args.output_dir, dtype=dtype,
+            max_shard_size=args.max_shard_size, safe_serialization=args.safe_serialization,
+            tag=args.tag, exclude_frozen_parameters=args.exclude_frozen_parameters)
     except (ZeroliteCheckpointError, OSError) as e:
-        sys.stderr.write(f"zero_to_fp32.py: error: {e}\n")
+        sys.stderr.write(f"{prog}: error: {e}\n")
         return 1
-    print(f"zero_to_fp32.py: wrote {', '.join(written)} to {args.output_dir}")
+    print(f"{prog}: wrote {', '.join(written)} ({dtype}) to {args.output_dir}")
     return 0
+
+
+def main(argv=None) -> int:
+    """DeepSpeed's command line for the script."""
+    return run_script("zero_to_fp32.py", "Consolidate a zerolite checkpoint into one fp32 "
+                      "model file (DeepSpeed's script)", argv)
 
 
 if __name__ == "__main__":
