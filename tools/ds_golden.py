@@ -32,7 +32,7 @@ def record(python: str, pythonpath: str | None, out: str) -> dict:
         env["PYTHONPATH"] = pythonpath
     cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(WORLD), SCRIPT, "--out", out]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         sys.exit(f"ds_golden: the conformance client failed under DeepSpeed "
                  f"(rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")

@@ -647,6 +647,59 @@ def checkpoint_options(tmp):
     return rec
 
 
+class CheckpointedNet(nn.Module):
+    """Hidden blocks under deepspeed.checkpointing.checkpoint (recomputed in backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(IN, HIDDEN)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.Tanh())
+                                    for _ in range(3))
+        self.out = nn.Linear(HIDDEN, OUT)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = deepspeed.checkpointing.checkpoint(block, h)
+        return self.out(h)
+
+
+def activation_checkpointing_and_config_forms(tmp):
+    """deepspeed.checkpointing.checkpoint inside the model at stage 3 (configured from the
+    config's activation_checkpointing block); then the config given as a JSON path, as
+    args.deepspeed_config and as config_params: the sizes each gives."""
+    cfg = config(3, gas=2, clip=1.0, optimizer=adamw(), activation_checkpointing={
+        "partition_activations": False, "contiguous_memory_optimization": False})
+    deepspeed.checkpointing.configure(None, deepspeed_config=cfg)
+    torch.manual_seed(0)
+    model = CheckpointedNet()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    rec = {"steps": [r["loss"] for r in train(engine, batches(4, 2))],
+           "checksum": checksum(engine)}
+    del engine
+    gc.collect()
+    path = os.path.join(tmp, "ds.json")
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump({"train_batch_size": 8, "gradient_accumulation_steps": 2,
+                       "optimizer": adamw(), "zero_optimization": {"stage": 2}}, f)
+    dist.barrier()
+    forms = {"path": {"config": path},
+             "args": {"args": argparse.Namespace(deepspeed_config=path,
+                                                 local_rank=int(os.environ["LOCAL_RANK"]))},
+             "config_params": {"config_params": json.load(open(path))}}
+    for name, kwargs in forms.items():
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          **kwargs)
+        rec[name] = [engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                     engine.gradient_accumulation_steps(), engine.zero_optimization_stage()]
+        del engine
+        gc.collect()
+    return rec
+
+
 def dataloader_order(tmp):
     """initialize(training_data=...): the loader's batches on this rank, two epochs."""
     data = torch.utils.data.TensorDataset(torch.arange(22).float().unsqueeze(1))
@@ -720,7 +773,7 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              full_tensor_accessors, gathered_write_without_modifier,
              no_sync_and_manual_boundary, tied_frozen_dropout_batchnorm,
              param_groups_with_own_lr, gradient_scaling_options, module_state_outside_gather,
-             zero_init_variants, checkpoint_options]
+             zero_init_variants, checkpoint_options, activation_checkpointing_and_config_forms]
 
 
 def main():
