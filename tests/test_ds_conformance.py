@@ -12,6 +12,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -85,16 +86,7 @@ def differences(want, got, path, out):
 
 def _wildcard(path: str) -> str:
     """a.steps[3].b -> a.steps[*].b, so one DIFFERENCES entry covers every step."""
-    out, i = [], 0
-    while i < len(path):
-        if path[i] == "[":
-            j = path.index("]", i)
-            out.append("[*]")
-            i = j + 1
-        else:
-            out.append(path[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\[\d+\]", "[*]", path)
 
 
 def _explained(path: str) -> str | None:

@@ -18,7 +18,8 @@ import sys
 try:
     import torch
 
-    from zerolite.checkpoint.consolidate import _open, consolidate_checkpoint, get_fp32_state_dict
+    from zerolite.checkpoint.consolidate import (DTYPES, _open, consolidate_checkpoint,
+                                                  get_fp32_state_dict)
     from zerolite.checkpoint.errors import ZeroliteCheckpointError
 except ImportError as e:  # the copy in a checkpoint folder, run without zerolite
     sys.exit(f"zero_to_fp32.py: {e}. This checkpoint was written by zerolite: run the script "
@@ -42,23 +43,16 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
     return sd
 
 
-OUTPUT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-                 "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-"""The output dtypes DeepSpeed's zero_to_torch.py takes, by the names it takes."""
-
-_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
 def output_dtype(dtype) -> torch.dtype:
     """A torch dtype, or its name ("bf16", "bfloat16", "torch.bfloat16"), as DeepSpeed reads
-    it; ValueError naming the choices otherwise."""
+    it; ValueError naming the choices otherwise. The names are consolidate's DTYPES, which
+    are the ones DeepSpeed's zero_to_torch.py takes."""
     name = dtype
     if isinstance(dtype, str):
-        key = dtype.removeprefix("torch.").lower()
-        dtype = OUTPUT_DTYPES.get(key)
-    if dtype not in _SHORT:
+        dtype = DTYPES.get(dtype.removeprefix("torch.").lower())
+    if dtype not in DTYPES.values():
         raise ValueError(f"unsupported output dtype {name!r}; choose one of "
-                         f"{', '.join(sorted(OUTPUT_DTYPES))}")
+                         f"{', '.join(sorted(DTYPES))}")
     return dtype
 
 
@@ -72,7 +66,8 @@ def convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, dtype=torc
     names written."""
     dtype = output_dtype(dtype)
     if safe_serialization and not exclude_frozen_parameters:
-        return consolidate_checkpoint(checkpoint_dir, output_dir, tag=tag, dtype=_SHORT[dtype],
+        name = next(k for k, v in DTYPES.items() if v == dtype)
+        return consolidate_checkpoint(checkpoint_dir, output_dir, tag=tag, dtype=name,
                                       max_shard_size=max_shard_size)
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
     sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
@@ -113,7 +108,7 @@ def run_script(prog: str, description: str, argv=None, choose_dtype: bool = Fals
                    "e.g. path/checkpoint-12 (`.` when run from there)")
     p.add_argument("output_dir", help="where the model files go")
     if choose_dtype:
-        p.add_argument("--dtype", required=True, choices=sorted(OUTPUT_DTYPES),
+        p.add_argument("--dtype", required=True, choices=sorted(DTYPES),
                        help="dtype of the floating-point tensors written")
     p.add_argument("--max_shard_size", default="5GB",
                    help="largest safetensors shard (with --safe_serialization), e.g. 5GB")

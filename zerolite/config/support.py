@@ -18,8 +18,8 @@ from .sections import (
 HONOURED, IGNORED, REJECTED = "honoured", "accepted-ignored", "rejected"
 
 TOP_LEVEL_IGNORED = (
-    "sparse_gradients", "memory_breakdown", "flops_profiler", "comms_logger", "wandb", "comet", "aio",
-    "checkpoint", "data_types", "elasticity", "autotuning", "compression_training",
+    "sparse_gradients", "memory_breakdown", "flops_profiler", "comms_logger", "wandb", "comet",
+    "aio", "checkpoint", "data_types", "elasticity", "autotuning", "compression_training",
     "data_efficiency", "curriculum_learning", "pipeline", "sparse_attention", "nebula", "eigenvalue",
     "progressive_layer_drop", "quantize_training", "disable_allgather",
     "seq_parallel_communication_data_type", "graph_harvesting", "dump_state",

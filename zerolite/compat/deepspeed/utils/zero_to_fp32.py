@@ -1,8 +1,9 @@
 """`deepspeed.utils.zero_to_fp32` over zerolite checkpoints: the full fp32 model from the
 per-rank shards (`checkpoint_dir` holds `latest` and the tag folders, as DeepSpeed's). The code
 is zerolite/checkpoint/zero_to_fp32.py, the script every checkpoint folder gets a copy of."""
+from zerolite.checkpoint.consolidate import DTYPES as OUTPUT_DTYPE_NAMES  # noqa: F401
 from zerolite.checkpoint.zero_to_fp32 import (  # noqa: F401
-    OUTPUT_DTYPES as OUTPUT_DTYPE_NAMES, convert_zero_checkpoint_to_fp32_state_dict,
+    convert_zero_checkpoint_to_fp32_state_dict,
     convert_zero_checkpoint_to_state_dict, get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint, main,
 )
