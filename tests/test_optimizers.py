@@ -21,13 +21,23 @@ CASES = {
              lambda p: Lion(p, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)),
     "Adam": ({"lr": 3e-3, "adam_w_mode": False, "weight_decay": 0.01},  # L2, not decoupled
              lambda p: torch.optim.Adam(p, lr=3e-3, weight_decay=0.01)),
+    # Names DeepSpeed looks up in torch.optim; torch's defaults apply to what is not given.
+    "RMSprop": ({"lr": 1e-3, "momentum": 0.5, "centered": True},
+                lambda p: torch.optim.RMSprop(p, lr=1e-3, momentum=0.5, centered=True)),
+    "Adamax": ({"betas": [0.8, 0.95]}, lambda p: torch.optim.Adamax(p, betas=(0.8, 0.95))),
+    "NAdam": ({"weight_decay": 0.1, "decoupled_weight_decay": True},
+              lambda p: torch.optim.NAdam(p, weight_decay=0.1, decoupled_weight_decay=True)),
+    "RAdam": ({"lr": 3e-3}, lambda p: torch.optim.RAdam(p, lr=3e-3)),
+    "Adadelta": ({"rho": 0.8}, lambda p: torch.optim.Adadelta(p, rho=0.8)),
 }
+UNTESTED = ("SGD", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta")
+"""Not on DeepSpeed's list of ZeRO optimizers: the config needs zero_allow_untested_optimizer."""
 
 
 def _train(rank, world, opt_type, params):
     cfg = ds_config(world)
     cfg["optimizer"] = {"type": opt_type, "params": params}
-    cfg["zero_allow_untested_optimizer"] = opt_type == "SGD"  # DeepSpeed asks it for SGD
+    cfg["zero_allow_untested_optimizer"] = opt_type in UNTESTED
     engine, *_ = zerolite.initialize(model=tiny_gpt(), config=cfg)
     losses = train_engine(engine, batches(STEPS), rank, world)
     return losses, gather_full_state_dict(engine.sharded)

@@ -35,7 +35,9 @@ def _statuses(params):
 def _generate_like_trl(engine, x):
     """TRL's _unwrap_model_for_generation + remove_hooks / add_hooks, step by step; returns
     what it saw."""
-    offload = engine.optimizer.parameter_offload
+    # TRL's choice: the ZeRO-3 optimizer's parameter_offload, or the engine's optimizer itself
+    # when the engine has none (DeepSpeed then returns its DeepSpeedZeRoOffload).
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
     coordinator = offload.param_coordinator
     model = offload.module
     seen = {}
@@ -170,6 +172,49 @@ def test_trl_generation_round_trip_keeps_training_exact():
     assert "inside a unit" in errors["inside_unit"][1]
     assert "expected the engine's module" in errors["not_a_module"][1]
     assert out["stage2_has_offload"] is False  # as DeepSpeed's stage-1/2 optimizer
+
+
+def _without_optimizer(rank, world):
+    cfg = ds_config(world, stage=3, gas=1)
+    del cfg["optimizer"]
+    model = tiny_gpt()
+    engine, optimizer, _, scheduler = zerolite.initialize(model=model, config=cfg)
+    out = {"returned_is_offload": optimizer is engine.optimizer
+           and optimizer is engine.sharded.parameter_offload, "scheduler": scheduler,
+           "lr": engine.get_lr(), "has_nested_offload": hasattr(optimizer, "parameter_offload")}
+    x = batches(1)[0][0][:2]
+    out["generation"] = _generate_like_trl(engine, x)
+    with torch.no_grad():
+        out["forward_after"] = engine(x)
+    engine.backward(F.cross_entropy(engine(x).flatten(0, 1), x.flatten()))
+    try:
+        engine.step()
+        out["step"] = "ran"
+    except ZeroliteStateError as e:
+        out["step"] = str(e)
+    cfg = ds_config(world, stage=2)
+    del cfg["optimizer"]
+    stage2, optimizer2, *_ = zerolite.initialize(model=tiny_gpt(), config=cfg)
+    out["stage2_optimizer"] = (optimizer2, stage2.optimizer)
+    return out
+
+
+def test_stage3_engine_without_optimizer_returns_the_hook_owner_as_deepspeed_does():
+    """DeepSpeed's initialize without an optimizer at stage 3 returns (and keeps as
+    engine.optimizer) its DeepSpeedZeRoOffload; TRL's generation helpers remove and restore the
+    hooks of such a reference model through it. Below stage 3 there is none (None)."""
+    out = run_ranks(_without_optimizer, 2)[0]
+    assert out["returned_is_offload"] and not out["has_nested_offload"]
+    assert out["scheduler"] is None and out["lr"] == []
+    gen = out["generation"]
+    assert gen["module_hooks_left"] == 0 and gen["gathers_while_unhooked"] == 0
+    x = batches(1)[0][0][:2]
+    plain = _plain_logits(0, x)
+    torch.testing.assert_close(gen["logits"], plain, rtol=1e-5, atol=1e-5)
+    assert gen["after"] == ["NOT_AVAILABLE"] and gen["hooks_after"] == HOOKS
+    torch.testing.assert_close(out["forward_after"], plain, rtol=1e-5, atol=1e-5)
+    assert "engine.step(): no optimizer" in out["step"]
+    assert out["stage2_optimizer"] == (None, None)
 
 
 # -- a custom autograd Function that saves a parameter (TRL's chunked loss) -------------------

@@ -142,10 +142,15 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                                    master_rounding=rounding)
         self.basic_optimizer = self.placement_plan.wrap_optimizer(basic)
         """The torch optimizer over the master shards (DeepSpeed's `engine.basic_optimizer`)."""
-        self.optimizer = None if basic is None else ZeroOptimizer(
-            self.basic_optimizer, update=self._apply_update, zero_grad=self.zero_grad)
-        """What initialize returns: stepping it is the whole update (zero_optimizer.py)."""
-        self.sharded.parameter_offload.attach_to(self.optimizer)  # optimizer.parameter_offload
+        if basic is not None:
+            self.optimizer = ZeroOptimizer(self.basic_optimizer, update=self._apply_update,
+                                           zero_grad=self.zero_grad)
+            self.sharded.parameter_offload.attach_to(self.optimizer)  # .parameter_offload
+        else:  # as DeepSpeed's stage 3 without an optimizer: its DeepSpeedZeRoOffload
+            self.optimizer = self.sharded.parameter_offload if zc.stage == 3 else None
+        """What initialize returns: stepping it is the whole update (zero_optimizer.py).
+        Without an optimizer: at stage 3 the object that owns the module hooks (TRL's
+        generation helpers remove and restore them through it), else None."""
         # deepspeed.utils.safe_get_full_optimizer_state & co.
         self.fragments = TensorFragments(self.sharded, self.basic_optimizer)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
@@ -187,7 +192,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                         group["lr"] = lr
             return client_scheduler
         sched = self._config.scheduler
-        if sched is None or self.optimizer is None:
+        if sched is None or self.basic_optimizer is None:
             return None
         from zerolite.optim.lr_schedules import build_lr_scheduler_from_config
 
@@ -244,7 +249,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """DeepSpeed's `engine.scale(loss)`: the loss times the fp16 loss scale (the loss
         itself otherwise), for `engine.scale(loss).backward()` in place of engine.backward."""
-        if self.optimizer is None:
+        if self.basic_optimizer is None:
             raise ZeroliteStateError("engine.scale(loss): no optimizer; add an \"optimizer\" "
                                      "section to the config or pass optimizer= to initialize")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
@@ -267,7 +272,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
     # loss and its logits) or the loss is computed outside the model. fp16 needs the loss
     # scale, so a loss.backward() without engine.scale raises, as under DeepSpeed.
     def _arm_torch_style_backward(self, out) -> None:
-        if not torch.is_grad_enabled() or self.optimizer is None:
+        if not torch.is_grad_enabled() or self.basic_optimizer is None:
             return
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)
                    and t.requires_grad]
@@ -312,7 +317,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
-            if self.optimizer is None:
+            if self.basic_optimizer is None:
                 raise ZeroliteStateError("engine.step(): no optimizer; add an \"optimizer\" "
                                          "section to the config or pass optimizer= to initialize")
             # The optimizer's step is the update (_apply_update); through it, as DeepSpeed's
@@ -469,13 +474,14 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
 
     # -- accessors (DeepSpeed names) ---------------------------------------------------
     def get_lr(self) -> list[float]:
-        return [g.get("lr", 0.0) for g in self.optimizer.param_groups] if self.optimizer else []
+        opt = self.basic_optimizer
+        return [g.get("lr", 0.0) for g in opt.param_groups] if opt is not None else []
 
     def get_mom(self) -> list:
         """Each group's betas (momentum for SGD / RMSprop style groups); 0.0 where a group has
         neither, as DeepSpeed."""
         out = []
-        for g in (self.optimizer.param_groups if self.optimizer else []):
+        for g in (self.basic_optimizer.param_groups if self.basic_optimizer else []):
             out.append(g["betas"] if "betas" in g else g.get("momentum", 0.0))
         return out
 
@@ -484,12 +490,12 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         optimizers leave it: a 0-dim tensor on the engine's device (programs call `.item()` on
         it), the float inf after an fp16 overflow, None before the first step. Its dtype is
         DeepSpeed 0.19's: float64 from stage 3 with the optimizer on the device, float32
-        otherwise. (At stage 0 in fp32 DeepSpeed keeps no norm and returns None; zerolite
-        has one.)"""
+        otherwise. At stage 0 it is a float, as DeepSpeed's fp16/bf16 wrappers keep it (in
+        fp32 DeepSpeed keeps no norm there and returns None; zerolite has one)."""
         norm = self._global_grad_norm
-        if norm is None or not math.isfinite(norm):
-            return norm
         zc = self._config.zero_optimization
+        if norm is None or not math.isfinite(norm) or zc.stage == 0:
+            return norm
         wide = zc.stage == 3 and zc.offload_optimizer is None
         return torch.tensor(norm, dtype=torch.float64 if wide else torch.float32,
                             device=self.device)

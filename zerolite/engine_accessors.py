@@ -500,7 +500,8 @@ class DeepSpeedAccessors(RefusedEngineMethods):
 
     def get_type(self) -> list:
         """Each optimizer param group's "type" (0.0 where it has none), as DeepSpeed."""
-        return [g.get("type", 0.0) for g in self.optimizer.param_groups] if self.optimizer else []
+        opt = self.basic_optimizer
+        return [g.get("type", 0.0) for g in opt.param_groups] if opt is not None else []
 
     # -- precision ----------------------------------------------------------------------
     def fp16_auto_cast(self) -> bool:

@@ -764,6 +764,159 @@ def batch_size_arithmetic(tmp):
     return rec
 
 
+def config_torch_optimizers_by_name(tmp):
+    """optimizer.type naming a torch.optim class DeepSpeed has no own build for (RMSprop,
+    Adamax; DeepSpeed looks the name up in torch.optim), and Adagrad (torch's at stages 1-3
+    without offload). RMSprop and Adamax are untested ZeRO optimizers: allowed by the key,
+    refused without it."""
+    rec = {}
+    cases = {"RMSprop_stage2": (2, {"type": "RMSprop", "params": {
+                 "lr": 3e-3, "alpha": 0.95, "momentum": 0.5, "weight_decay": 0.01}}, True),
+             "Adamax_stage3": (3, {"type": "Adamax", "params": {
+                 "lr": 4e-3, "betas": [0.8, 0.95], "weight_decay": 0.02}}, True),
+             "Adagrad_stage2": (2, {"type": "Adagrad", "params": {
+                 "lr": 5e-2, "lr_decay": 0.01, "initial_accumulator_value": 0.1}}, False),
+             "RMSprop_not_allowed": (1, {"type": "RMSprop", "params": {"lr": 1e-3}}, False)}
+    for name, (stage, opt, allow) in cases.items():
+        model = mlp()
+        extra = {"zero_allow_untested_optimizer": True} if allow else {}
+        try:
+            engine, *_ = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(),
+                config=config(stage, gas=2, clip=1.0, optimizer=opt, **extra))
+        except Exception as exc:
+            rec[name] = {"error": type(exc).__name__}
+            continue
+        rec[name] = {"steps": train(engine, batches(6, 2)), "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
+def program_moves_the_lr(tmp):
+    """Stage 3 with the program's AdamW and a StepLR the program built over it but did not
+    pass to initialize (it steps it after each engine.step()); then the program sets the lr
+    of the optimizer initialize returned by hand, and last of the one it built."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=4e-3, weight_decay=0.1)
+    own = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=opt,
+                                                           config=config(3, clip=1.0))
+    data = batches(7, 2)
+    rec = {"returned_scheduler": scheduler is not None, "steps": []}
+    for batch in data[:4]:
+        rec["steps"] += train(engine, [batch])
+        own.step()
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-2
+    rec["steps"] += train(engine, data[4:6])
+    for group in opt.param_groups:
+        group["lr"] = 2e-4
+    rec["steps"] += train(engine, data[6:])
+    rec["scheduler_last_lr"] = own.get_last_lr()
+    rec["checksum"] = checksum(engine)
+    return rec
+
+
+def frozen_reference_engine(tmp):
+    """Two engines in one program, as RLHF trainers run them: a reference model initialized
+    without an optimizer at stage 3 (forward only, in eval mode) and a policy at stage 3
+    trained on its own loss plus a penalty for leaving the reference's outputs."""
+    reference = mlp(seed=3)
+    ref_engine, ref_opt, _, ref_sched = deepspeed.initialize(model=reference,
+                                                             config=config(3))
+    ref_engine.eval()
+    policy = mlp()
+    engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
+                                      config=config(3, gas=2, clip=1.0, optimizer=adamw()))
+    rec = {"reference_returns": [ref_opt is None, ref_sched is None],
+           "reference_training": [ref_engine.training, ref_engine.module.training],
+           "steps": []}
+    for x, y in batches(6, 2):
+        with torch.no_grad():
+            anchor = ref_engine(x)
+        out = engine(x)
+        loss = F.mse_loss(out, y) + 0.5 * F.mse_loss(out, anchor)
+        engine.backward(loss)
+        engine.step()
+        rec["steps"].append({"loss": float(loss.item()), "anchor": float(anchor.double().sum()),
+                             "grad_norm": number(engine.get_global_grad_norm()),
+                             **counters(engine)})
+    rec["reference_counters"] = counters(ref_engine)
+    rec["checksum"] = checksum(engine)
+    rec["reference_checksum"] = checksum(ref_engine)
+    return rec
+
+
+def load_without_optimizer_or_scheduler(tmp):
+    """Stages 2 and 3 with WarmupLR: save after 2 steps; a fresh engine from other weights
+    loads with load_optimizer_states=False and load_lr_scheduler_states=False (the weights
+    and counters come back, the moments and the schedule start over) and trains 2 steps."""
+    rec = {}
+    for stage in (2, 3):
+        ckpt = os.path.join(tmp, f"ckpt{stage}")
+        cfg = config(stage, optimizer=adamw(lr=2e-3), scheduler={
+            "type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 2e-3,
+                                           "warmup_num_steps": 4}})
+        data = batches(4, 2)
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        train(engine, data[:2])
+        engine.save_checkpoint(ckpt)
+        dist.barrier()
+        del engine
+        gc.collect()
+        model = mlp(seed=5)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        engine.load_checkpoint(ckpt, load_optimizer_states=False,
+                               load_lr_scheduler_states=False)
+        rec[f"stage{stage}"] = {"counters": counters(engine), "lr": engine.get_lr(),
+                                "checksum_after_load": checksum(engine),
+                                "steps": train(engine, data[2:]),
+                                "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
+def offload_with_config_optimizer(tmp):
+    """offload_optimizer cpu with "AdamW" from the config and torch_adam (torch's AdamW on
+    the host, no op to build) at stage 2, and at stage 3 with offload_param cpu as well."""
+    rec = {}
+    for stage, zero in ((2, {"offload_optimizer": {"device": "cpu"}}),
+                        (3, {"offload_optimizer": {"device": "cpu"},
+                             "offload_param": {"device": "cpu"}})):
+        model = mlp()
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(),
+            config=config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3),
+                          zero_optimization={"stage": stage, **zero}))
+        rec[f"stage{stage}"] = {"offload": engine.zero_cpu_offload(),
+                                "steps": train(engine, batches(6, 2)),
+                                "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
+def bf16_fp32_gradient_accumulation(tmp):
+    """bf16 with data_types.grad_accum_dtype fp32 at stages 1 and 2, accumulation 4."""
+    rec = {}
+    for stage in (1, 2):
+        model = mlp()
+        cfg = config(stage, gas=4, clip=1.0, optimizer=adamw(lr=3e-3),
+                     bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        rec[f"stage{stage}"] = {"steps": train(engine, batches(8, 2), cast=torch.bfloat16),
+                                "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -773,7 +926,10 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              full_tensor_accessors, gathered_write_without_modifier,
              no_sync_and_manual_boundary, tied_frozen_dropout_batchnorm,
              param_groups_with_own_lr, gradient_scaling_options, module_state_outside_gather,
-             zero_init_variants, checkpoint_options, activation_checkpointing_and_config_forms]
+             zero_init_variants, checkpoint_options, activation_checkpointing_and_config_forms,
+             _bf16(0), _bf16(1), config_torch_optimizers_by_name, program_moves_the_lr,
+             frozen_reference_engine, load_without_optimizer_or_scheduler,
+             offload_with_config_optimizer, bf16_fp32_gradient_accumulation]
 
 
 def main():

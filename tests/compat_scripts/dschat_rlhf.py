@@ -252,7 +252,7 @@ def main_deepspeed(args):
         return total
 
     result = {"steps": steps, "norms": [model_norm(e) for e in (actor, ref, critic, reward)],
-              "ref_optimizer": ref.optimizer is None and reward.optimizer is None}
+              "ref_optimizer": [type(ref.optimizer).__name__, type(reward.optimizer).__name__]}
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, f"result_rank{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -121,7 +121,7 @@ def main():
     with open(os.path.join(a.out, f"result_rank{rank}.json"), "w") as f:
         json.dump({"losses": losses, "resumed": trainer.micro_losses, "eval_loss": eval_loss,
                    "eval_only_loss": eval_only_loss, "eval_engine": eval_engine,
-                   "eval_optimizer": eval_optimizer is not None,
+                   "eval_optimizer": type(eval_optimizer).__name__,
                    "predicted": {"shape": list(predicted.shape),
                                  "argmax": predicted.argmax(-1).tolist(),
                                  "sum": float(predicted.double().sum())},

@@ -140,6 +140,20 @@ OPTIMIZER_PARAMS: dict[str, dict[str, tuple[Any, Rule]]] = {
              "eps_inside_sqrt": (False, BOOL), "max_grad_norm": (0.0, NONNEG),
              "max_coeff": (10.0, NONNEG), "min_coeff": (0.01, NONNEG), "amsgrad": (False, BOOL)},
     "Lion": {"lr": (1e-3, LR), "betas": (_BETAS, BETAS), "weight_decay": (0.0, NONNEG)},
+    # DeepSpeed looks any other name up in torch.optim and passes the params through, so the
+    # defaults are torch's. Only the element-wise ones are here (zerolite steps flat shards).
+    "RMSprop": {"lr": (1e-2, LR), "alpha": (0.99, NONNEG), "eps": (1e-8, NONNEG),
+                "weight_decay": (0.0, NONNEG), "momentum": (0.0, NONNEG),
+                "centered": (False, BOOL)},
+    "Adamax": {"lr": (2e-3, LR), "betas": (_BETAS, BETAS), "eps": (1e-8, NONNEG),
+               "weight_decay": (0.0, NONNEG)},
+    "NAdam": {"lr": (2e-3, LR), "betas": (_BETAS, BETAS), "eps": (1e-8, NONNEG),
+              "weight_decay": (0.0, NONNEG), "momentum_decay": (4e-3, NONNEG),
+              "decoupled_weight_decay": (False, BOOL)},
+    "RAdam": {"lr": (1e-3, LR), "betas": (_BETAS, BETAS), "eps": (1e-8, NONNEG),
+              "weight_decay": (0.0, NONNEG), "decoupled_weight_decay": (False, BOOL)},
+    "Adadelta": {"lr": (1.0, LR), "rho": (0.9, RATIO), "eps": (1e-6, NONNEG),
+                 "weight_decay": (0.0, NONNEG)},
 }
 """Supported optimizer type -> {param: (DeepSpeed default, Rule)}."""
 
@@ -230,7 +244,7 @@ class OptimizerConfig:
     _PATH: ClassVar[str] = "optimizer"
 
     type: str
-    """Canonical name: Adam, AdamW, SGD, Adagrad, Lamb or Lion (case-insensitive in JSON)."""
+    """Canonical name, one of OPTIMIZER_PARAMS (case-insensitive in JSON)."""
     params: dict = field(default_factory=dict)
     """Hyper-parameters with DeepSpeed's defaults filled in (betas as a tuple)."""
 

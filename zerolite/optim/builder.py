@@ -18,6 +18,12 @@ from zerolite.optim.param_groups import adopt_client_optimizer
 logger = logging.getLogger("zerolite")
 
 
+ELEMENTWISE_TORCH_OPTIMIZERS = ("SGD", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta",
+                                "Rprop", "ASGD")
+"""torch.optim classes whose update of an element reads only that element (and step
+counts), so stepping them over flat shards is exact."""
+
+
 def _optimizer_class(type_name: str, params: dict, cpu_optimizer: bool):
     """The class DeepSpeed's engine builds for `optimizer.type` (engine.py,
     `_configure_basic_optimizer`): Adam/AdamW are `deepspeed.ops.adam.FusedAdam`, or
@@ -36,14 +42,18 @@ def _optimizer_class(type_name: str, params: dict, cpu_optimizer: bool):
         raise ZeroliteConfigError(
             "optimizer.type: 'Lamb' is not supported yet: its per-parameter trust ratio needs "
             "each parameter's norm across shards; use Adam, AdamW, SGD, Adagrad or Lion")
-    table = {"sgd": torch.optim.SGD,
-             "adagrad": ds.DeepSpeedCPUAdagrad if cpu_optimizer else torch.optim.Adagrad,
-             "lion": ds.DeepSpeedCPULion if cpu_optimizer else ds.FusedLion}
-    if name not in table:
+    if name == "adagrad":
+        return ds.DeepSpeedCPUAdagrad if cpu_optimizer else torch.optim.Adagrad
+    if name == "lion":
+        return ds.DeepSpeedCPULion if cpu_optimizer else ds.FusedLion
+    # Any other name DeepSpeed takes from torch.optim; zerolite.config accepts the element-wise
+    # ones (OPTIMIZER_PARAMS).
+    torch_names = {n.lower(): n for n in ELEMENTWISE_TORCH_OPTIMIZERS}
+    if name not in torch_names:
         raise ZeroliteConfigError(
-            f"optimizer.type: {type_name!r} is not supported; choose one of "
-            "Adam, AdamW, SGD, Adagrad, Lion, or pass a torch.optim optimizer")
-    return table[name]
+            f"optimizer.type: {type_name!r} is not one zerolite builds; name another in the "
+            "config or pass a torch.optim optimizer")
+    return getattr(torch.optim, torch_names[name])
 
 
 def accepted_kwargs(cls, params: dict) -> dict:
@@ -105,9 +115,8 @@ class ZeroOptimizerRules:
                 "DeepSpeed refuses it: ZeRO steps it over flat shards, so an update that reads "
                 "a parameter's shape or whole norm would differ. Add "
                 "\"zero_allow_untested_optimizer\": true to the config to train it anyway")
-        elementwise = (torch.optim.SGD, torch.optim.Adamax, torch.optim.NAdam,
-                       torch.optim.RAdam, torch.optim.Adadelta, torch.optim.RMSprop,
-                       torch.optim.Rprop, torch.optim.ASGD, Lion)
+        elementwise = tuple(getattr(torch.optim, n) for n in ELEMENTWISE_TORCH_OPTIMIZERS) + (
+            Lion,)
         if self.stage == 0 and cls not in tested + elementwise:
             raise ZeroliteConfigError(
                 f"optimizer: {_name(cls)} is not an element-wise optimizer zerolite knows, and "
