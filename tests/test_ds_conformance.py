@@ -48,6 +48,13 @@ DIFFERENCES = {
         "safe_set_full_fp32_param: DeepSpeed writes its fp32 copy only, so the forward before "
         "the next step still sees the old weights; zerolite's fp32 master is often the "
         "compute shard itself, so it makes the write visible at once in every layout",
+    "backward_options.retained_stage2.*":
+        "two engine.backward calls in one micro-step at ZeRO-1/2: DeepSpeed 0.19.8 loses part "
+        "of the gradient, because each backward on the accumulation boundary resets its "
+        "stage-1/2 accumulator (a known DeepSpeed bug; programs work around it with "
+        "set_gradient_accumulation_boundary, which manual_boundary_stage2 shows agreeing); "
+        "zerolite adds every backward's gradient, as torch and DeepSpeed's stage 3 do "
+        "(two_forwards_stage3)",
 }
 """Path pattern (fnmatch over 'scenario.key[i].key') -> why zerolite differs there."""
 

@@ -97,7 +97,8 @@ def train(engine, data, cast=None):
         rows.append({"loss": float(loss.item()), "boundary": bool(boundary),
                      "backward_returned": number(returned),
                      "backward_returned_type": kind(returned), "step_returned": kind(stepped),
-                     "lr": engine.get_lr(),
+                     "lr": engine.get_lr(), "mom": engine.get_mom(),
+                     "step_applied": engine.was_step_applied(),
                      "grad_norm": number(norm), "grad_norm_type": kind(norm),
                      "out_dtype": str(out.dtype), **counters(engine)})
     return rows
@@ -917,11 +918,93 @@ def bf16_fp32_gradient_accumulation(tmp):
     return rec
 
 
+def backward_options(tmp):
+    """engine.backward(loss, scale_wrt_gas=False) with accumulation 2 (the program scales the
+    loss itself); two backward calls per micro-step: at stage 3 from two forwards, at stage 2
+    on one graph with retain_graph=True, and at stage 2 with accumulation 1 marking only the
+    last backward as the boundary (set_gradient_accumulation_boundary)."""
+    def build(stage, gas):
+        model = mlp()
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(),
+            config=config(stage, gas=gas, clip=1.0, optimizer=adamw()))
+        return engine
+
+    def row(engine, loss, **extra):
+        return {"loss": float(loss.item()), "grad_norm": number(engine.get_global_grad_norm()),
+                **extra, **counters(engine)}
+
+    rec = {}
+    engine, rows = build(2, 2), []
+    for x, y in batches(4, 2):
+        loss = F.mse_loss(engine(x), y)
+        returned = engine.backward(loss / 4, scale_wrt_gas=False)
+        engine.step()
+        rows.append(row(engine, loss, returned=number(returned)))
+    rec["unscaled"] = {"steps": rows, "checksum": checksum(engine)}
+    del engine
+    gc.collect()
+    for name, stage, gas in (("two_forwards_stage3", 3, 2), ("retained_stage2", 2, 2),
+                             ("manual_boundary_stage2", 2, 1)):
+        engine, rows = build(stage, gas), []
+        for x, y in batches(4, 2):
+            if name == "manual_boundary_stage2":
+                engine.set_gradient_accumulation_boundary(False)
+            loss = F.mse_loss(engine(x), y)
+            engine.backward(loss, retain_graph=name == "retained_stage2")
+            if name == "manual_boundary_stage2":
+                engine.set_gradient_accumulation_boundary(True)
+            second = loss if name == "retained_stage2" else F.mse_loss(engine(x * 0.5), y)
+            engine.backward(second)
+            engine.step()
+            rows.append(row(engine, loss))
+        rec[name] = {"steps": rows, "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
+def dataloader_options(tmp):
+    """initialize(training_data=, collate_fn=) with "dataloader_drop_last": true, and
+    engine.deepspeed_io with its own batch size."""
+    data = torch.utils.data.TensorDataset(torch.arange(23).float().unsqueeze(1))
+
+    def collate(items):
+        return torch.stack([item[0] for item in items]) * 10
+
+    model = mlp()
+    engine, _, loader, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), training_data=data,
+        collate_fn=collate, config=config(2, micro=3, optimizer=adamw(),
+                                          dataloader_drop_last=True))
+    rec = {"len": len(loader), "epochs": [[b.view(-1).long().tolist() for b in loader]
+                                          for _ in range(2)]}
+    own = engine.deepspeed_io(data, batch_size=4, pin_memory=False)
+    rec["io_len"] = len(own)
+    rec["io_batches"] = [b.view(-1).long().tolist() for b in own]
+    return rec
+
+
+def zero_communication_flags(tmp):
+    """Stage 2 with DeepSpeed's communication switches away from their defaults
+    (reduce_scatter and allgather_partitions off, overlap_comm, contiguous_gradients,
+    round_robin_gradients, small buckets): the numbers do not change."""
+    model = mlp()
+    zero = {"stage": 2, "reduce_scatter": False, "allgather_partitions": False,
+            "overlap_comm": True, "contiguous_gradients": True, "round_robin_gradients": True,
+            "reduce_bucket_size": 64, "allgather_bucket_size": 64}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(2, gas=2, clip=1.0, optimizer=adamw(),
+                                                    zero_optimization=zero))
+    return {"steps": train(engine, batches(6, 2)), "checksum": checksum(engine)}
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
              offload_client_optimizer_allowed, stage0_per_tensor_optimizer, _bf16(2), _bf16(3),
              adam_l2_mode, checkpoint_roundtrip, save_16bit_model_files, dataloader_order,
+             dataloader_options,
              zero_init_and_gather, eval_mode_forward, batch_size_arithmetic, lr_schedules,
              full_tensor_accessors, gathered_write_without_modifier,
              no_sync_and_manual_boundary, tied_frozen_dropout_batchnorm,
@@ -929,7 +1012,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              zero_init_variants, checkpoint_options, activation_checkpointing_and_config_forms,
              _bf16(0), _bf16(1), config_torch_optimizers_by_name, program_moves_the_lr,
              frozen_reference_engine, load_without_optimizer_or_scheduler,
-             offload_with_config_optimizer, bf16_fp32_gradient_accumulation]
+             offload_with_config_optimizer, bf16_fp32_gradient_accumulation,
+             backward_options, zero_communication_flags]
 
 
 def main():
