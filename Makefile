@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.zerolite-installed
 NPROC     ?= 2
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 
-.PHONY: setup demo test test-torch211 test-slow ds-golden docs bench bench-peers plots gpu-check gpu-check-dry clean
+.PHONY: setup demo test test-torch211 test-slow ds-golden ds-clients docs bench bench-peers plots gpu-check gpu-check-dry clean
 
 setup: $(STAMP)
 
@@ -34,19 +34,27 @@ test-torch211:
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-# Re-record what real DeepSpeed 0.19.8 observes in the conformance client
-# (tests/ds_golden/ds_conformance.json, which tests/test_ds_conformance.py holds zerolite to).
-# DeepSpeed goes into its own folder beside torch: the pure-Python wheel in ../shared/gpu-wheels
-# (or `pip download deepspeed==0.19.8`) and its dependencies, with `pip install --target`.
+# Real DeepSpeed 0.19.8 beside zerolite, in its own folder next to torch (`pip install
+# --target`): the pure-Python wheel in ../shared/gpu-wheels where there is one, else PyPI's
+# source release (DS_BUILD_OPS=0: no op is compiled), and the dependencies the venv lacks.
 DS_SITE ?= .ds-site
-DS_WHEEL ?= ../shared/gpu-wheels/deepspeed-0.19.8-py3-none-any.whl
-ds-golden: $(STAMP)
-	test -d $(DS_SITE)/deepspeed || ( \
-		$(PY) -m pip install --quiet --disable-pip-version-check --target $(DS_SITE) \
-			einops hjson msgpack ninja py-cpuinfo "pydantic>=2" tqdm && \
-		$(PY) -m pip install --quiet --disable-pip-version-check --target $(DS_SITE) \
-			--no-deps $(DS_WHEEL) )
+DS_WHEEL ?= $(or $(wildcard ../shared/gpu-wheels/deepspeed-0.19.8-py3-none-any.whl),deepspeed==0.19.8)
+$(DS_SITE)/.installed: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check --target $(DS_SITE) \
+		einops hjson msgpack ninja py-cpuinfo "pydantic>=2" tqdm
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check --target $(DS_SITE) \
+		--no-deps --no-build-isolation $(DS_WHEEL)
+	touch $@
+
+# Re-record what real DeepSpeed observes in the conformance client
+# (tests/ds_golden/ds_conformance.json, which tests/test_ds_conformance.py holds zerolite to).
+ds-golden: $(DS_SITE)/.installed
 	$(PY) tools/ds_golden.py --python $(PY) --pythonpath $(DS_SITE)
+
+# The unchanged clients (HF Trainer, Accelerate loops, TRL SFT/DPO/GRPO) under real DeepSpeed
+# and under zerolite, now, compared (tests/test_ds_clients.py; .ci/run runs it).
+ds-clients: $(DS_SITE)/.installed
+	ZEROLITE_DS_SITE=$(DS_SITE) $(PY) -m pytest -q -m deepspeed tests/test_ds_clients.py
 
 # The documentation site into site/ (mkdocs-material + mkdocstrings, the `docs` extra), with
 # every warning an error; the config reference is generated from zerolite/config/ as it builds.

@@ -8,15 +8,14 @@ attributes of parameters built under zero.Init, and which programs initialize re
 Numbers agree to 1e-5 (relative) in fp32 and to bf16 precision in the bf16 scenario. The few
 places where zerolite differs on purpose are listed in DIFFERENCES with the reason; each must
 still differ (a stale entry fails too), so the list stays the truth."""
-import fnmatch
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 
 import pytest
+
+from zerolite.testing.records import Explanations, differences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "compat_scripts", "ds_conformance.py")
@@ -57,52 +56,7 @@ DIFFERENCES = {
         "(two_forwards_stage3)",
 }
 """Path pattern (fnmatch over 'scenario.key[i].key') -> why zerolite differs there."""
-
-FP32 = (1e-5, 1e-6)
-BF16 = (2e-2, 5e-2)  # bf16 values: rounding differs in the last bit of a 8-bit mantissa
-"""Relative and absolute tolerances; BF16 where the path names bf16 (bf16 training, or bf16
-gradient communication, whose rounding points differ between the engines)."""
-
-
-def differences(want, got, path, out):
-    """Every place `got` (zerolite's record) differs from `want` (DeepSpeed's) -> out."""
-    if isinstance(want, dict) and isinstance(got, dict):
-        if "error" in want and "error" in got:
-            return  # both refused; the messages are each engine's own
-        for k in sorted(set(want) | set(got)):
-            sub = f"{path}.{k}" if path else k
-            if k not in got:
-                out.append((sub, f"only under DeepSpeed: {str(want[k])[:160]}"))
-            elif k not in want:
-                out.append((sub, f"only under zerolite: {str(got[k])[:160]}"))
-            else:
-                differences(want[k], got[k], sub, out)
-    elif isinstance(want, list) and isinstance(got, list):
-        if len(want) != len(got):
-            out.append((path, f"{len(want)} items under DeepSpeed, {len(got)} under zerolite: "
-                              f"{str(want)[:160]} vs {str(got)[:160]}"))
-            return
-        for i, (a, b) in enumerate(zip(want, got)):
-            differences(a, b, f"{path}[{i}]", out)
-    elif (isinstance(want, float) or isinstance(got, float)) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (want, got)):
-        tol = BF16 if "bf16" in path else FP32
-        if not math.isclose(want, got, rel_tol=tol[0], abs_tol=tol[1]):
-            out.append((path, f"{want!r} under DeepSpeed, {got!r} under zerolite"))
-    elif type(want) is not type(got) or want != got:
-        out.append((path, f"{want!r} under DeepSpeed, {got!r} under zerolite"))
-
-
-def _wildcard(path: str) -> str:
-    """a.steps[3].b -> a.steps[*].b, so one DIFFERENCES entry covers every step."""
-    return re.sub(r"\[\d+\]", "[*]", path)
-
-
-def _explained(path: str) -> str | None:
-    for pattern in DIFFERENCES:
-        if fnmatch.fnmatchcase(_wildcard(path), pattern.replace("[*]", "[[]*[]]")):
-            return pattern
-    return None
+EXPLAINED = Explanations(DIFFERENCES)
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +93,10 @@ def test_zerolite_observes_what_deepspeed_did(records, scenario):
     unexplained, explained = [], set()
     for rank in range(2):
         assert scenario in mine[rank], f"the client did not run {scenario} on rank {rank}"
-        found = []
-        differences(golden["ranks"][rank][scenario], mine[rank][scenario], scenario, found)
-        for path, what in found:
-            why = _explained(path)
-            if why is None:
-                unexplained.append(f"rank {rank}: {path}: {what}")
-            else:
-                explained.add(why)
+        found = differences(golden["ranks"][rank][scenario], mine[rank][scenario], scenario)
+        left, used = EXPLAINED.split(found)
+        unexplained += [f"rank {rank}: {line}" for line in left]
+        explained |= used
     assert not unexplained, "zerolite differs from DeepSpeed 0.19.8:\n" + "\n".join(
         unexplained[:40])
     stale = [p for p in DIFFERENCES if p.split(".", 1)[0] == scenario and p not in explained]
