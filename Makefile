@@ -51,7 +51,7 @@ $(DS_SITE)/.installed: $(STAMP)
 ds-golden: $(DS_SITE)/.installed
 	$(PY) tools/ds_golden.py --python $(PY) --pythonpath $(DS_SITE)
 
-# The unchanged clients (HF Trainer, Accelerate loops, TRL SFT/DPO/GRPO) under real DeepSpeed
+# The unchanged clients (HF Trainer, Accelerate loops, TRL SFT/DPO/GRPO, DeepSpeed-Chat) under real DeepSpeed
 # and under zerolite, now, compared (tests/test_ds_clients.py; .ci/run runs it).
 ds-clients: $(DS_SITE)/.installed
 	ZEROLITE_DS_SITE=$(DS_SITE) $(PY) -m pytest -q -m deepspeed tests/test_ds_clients.py

@@ -1,7 +1,7 @@
 """The unchanged clients under real DeepSpeed and under zerolite, side by side, now.
 
-The Hugging Face Trainer script, the two Accelerate loops and TRL's SFT, DPO and GRPO trainers
-(tests/compat_scripts/) run at world 2 on gloo twice: under DeepSpeed 0.19.8 itself (from
+The Hugging Face Trainer script, the two Accelerate loops, TRL's SFT, DPO and GRPO trainers and
+DeepSpeed-Chat's SFT and RLHF steps (tests/compat_scripts/) run at world 2 on gloo twice: under DeepSpeed 0.19.8 itself (from
 .ds-site, on its CPU accelerator; `make ds-clients` installs it and runs this file) and under
 `zerolite.as_deepspeed`. Everything each run records must agree: per-micro-step losses, eval
 losses and predictions, the Trainer's log history (loss, grad_norm, learning_rate per step),
@@ -51,6 +51,12 @@ DIFFERENCES = {
     "*.total_flos":
         "the same: the Trainer counts FLOPs from p.numel() outside the forward, which under "
         "DeepSpeed is the persistent parameters' and under zerolite 0 (neither is the model's)",
+    "*.ref_optimizer[*]": "the same as eval_optimizer",
+    "dschat_sft.weights.*k_proj.bias[*]":
+        "the key bias's gradient is mathematically zero (softmax ignores a shift along the "
+        "keys), so Adam turns each engine's fp32 summation noise into steps of about lr "
+        "(test_compat_dschat.py compares it to a looser tolerance)",
+    "dschat_sft.*.tput[*][*]": "the throughput timer's samples per second: wall-clock time",
     "*.step_time": "wall-clock time",
     "*_runtime": "wall-clock time",
     "*_per_second": "wall-clock time",
@@ -58,7 +64,7 @@ DIFFERENCES = {
 }
 EXPLAINED = Explanations(DIFFERENCES)
 CLIENTS = {"hf_trainer", "accelerate_mlp", "accelerate_schedule", "trl_sft", "trl_dpo",
-           "trl_grpo"}
+           "trl_grpo", "dschat_sft", "dschat_rlhf"}
 SEEN: dict[str, set[str]] = {}
 """Client -> the DIFFERENCES patterns its comparison used (filled as the tests run)."""
 
@@ -81,15 +87,15 @@ def _launch(script, args, out, under_deepspeed):
     assert proc.returncode == 0, f"under {side}:\n" + (proc.stdout + proc.stderr)[-5000:]
 
 
-def _side_by_side(name, script, args, tmp_path, collect):
-    """Run `script` under both engines with `args` (+ --out DIR) and compare what `collect(DIR)`
-    gathers from each run's output folder."""
+def _side_by_side(name, script, args, tmp_path, collect, out_flag="--out"):
+    """Run `script` under both engines with `args` (+ `out_flag` DIR) and compare what
+    `collect(DIR)` gathers from each run's output folder."""
     if not os.path.isdir(os.path.join(DS_SITE, "deepspeed")):
         pytest.fail(f"DeepSpeed 0.19.8 is not installed in {DS_SITE}: run `make ds-clients`")
     runs = {}
     for under_deepspeed in (True, False):
         out = str(tmp_path / ("deepspeed" if under_deepspeed else "zerolite"))
-        _launch(script, [*args, "--out", out], out, under_deepspeed)
+        _launch(script, [*args, out_flag, out], out, under_deepspeed)
         runs[under_deepspeed] = collect(out)
     found = differences(runs[True], runs[False], name)
     unexplained, used = EXPLAINED.split(found)
@@ -159,6 +165,40 @@ def test_trl(tmp_path, trl_init, mode):
     runs, _ = _side_by_side(f"trl_{mode}", os.path.join(SCRIPTS, "trl_tiny.py"), args,
                             tmp_path, _ranks("result_rank{}.json"))
     assert any("loss" in entry for entry in runs[False]["rank0"]["log"])
+
+
+def _helper(script, *args):
+    """A step of a client's own preparation (a starting model), in one plain process."""
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_deepspeed_chat(tmp_path):
+    """DeepSpeed-Chat step 1 (SFT at ZeRO-3, its FusedAdam, its ZeRO-3 save) and step 3 (actor,
+    critic, frozen reference and reward engines) as DeepSpeed's own example runs them."""
+    import torch
+
+    init = str(tmp_path / "init")
+    _helper("dschat_sft.py", "--make-init", init)
+
+    def sft_collect(out):
+        record = _ranks("result_rank{}.json")(out)
+        weights = torch.load(os.path.join(out, "pytorch_model.bin"), weights_only=True)
+        record["weights"] = {k: [float(v.double().sum()), float(v.double().square().sum())]
+                             for k, v in weights.items()}
+        return record
+
+    _side_by_side("dschat_sft", os.path.join(SCRIPTS, "dschat_sft.py"),
+                  ["--model_name_or_path", init, "--zero_stage", "3"], tmp_path / "sft",
+                  sft_collect, out_flag="--output_dir")
+    actor = str(tmp_path / "sft" / "deepspeed")  # DeepSpeed's own SFT result, for both
+    critic = str(tmp_path / "critic")
+    _helper("dschat_rlhf.py", "--make-critic", actor, critic)
+    _side_by_side("dschat_rlhf", os.path.join(SCRIPTS, "dschat_rlhf.py"),
+                  ["--actor", actor, "--critic", critic], tmp_path / "rlhf",
+                  _ranks("result_rank{}.json"), out_flag="--output_dir")
 
 
 def test_every_listed_difference_is_still_seen():
