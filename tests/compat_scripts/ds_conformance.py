@@ -999,6 +999,111 @@ def zero_communication_flags(tmp):
     return {"steps": train(engine, batches(6, 2)), "checksum": checksum(engine)}
 
 
+def program_built_deepspeed_schedules(tmp):
+    """DeepSpeed's schedule classes built by the program (deepspeed.runtime.lr_schedules) over
+    its own optimizer and passed as lr_scheduler: WarmupDecayLR over AdamW at stage 2, OneCycle
+    with momentum over SGD at stage 1."""
+    from deepspeed.runtime.lr_schedules import OneCycle, WarmupDecayLR
+
+    rec = {}
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=0.1)
+    sched = WarmupDecayLR(opt, total_num_steps=6, warmup_min_lr=1e-4, warmup_max_lr=2e-3,
+                          warmup_num_steps=2, warmup_type="linear")
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=opt,
+                                                   lr_scheduler=sched, config=config(2))
+    rec["warmup_decay"] = {"same": scheduler is sched, "steps": train(engine, batches(5, 2)),
+                           "state": scheduler.state_dict(), "last": scheduler.get_last_lr()}
+    del engine
+    gc.collect()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sched = OneCycle(opt, cycle_min_lr=0.01, cycle_max_lr=0.05, cycle_first_step_size=2,
+                     cycle_momentum=True, cycle_min_mom=0.8, cycle_max_mom=0.9)
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=model, optimizer=opt, lr_scheduler=sched,
+        config=config(1, zero_allow_untested_optimizer=True))
+    rec["one_cycle"] = {"steps": train(engine, batches(5, 2)), "state": scheduler.state_dict(),
+                        "checksum": checksum(engine)}
+    return rec
+
+
+def comm_surface(tmp):
+    """deepspeed.comm as programs call it: ranks and sizes, all_reduce, broadcast,
+    all_gather_into_tensor, all_gather, a barrier."""
+    import deepspeed.comm as ds_dist
+
+    rank = ds_dist.get_rank()
+    rec = {"is_initialized": ds_dist.is_initialized(), "rank": rank,
+           "world": ds_dist.get_world_size(), "local_rank": ds_dist.get_local_rank()}
+    t = torch.tensor([float(rank + 1), 10.0])
+    ds_dist.all_reduce(t)
+    rec["all_reduce"] = t.tolist()
+    m = torch.tensor([float(rank + 3)])
+    ds_dist.all_reduce(m, op=ds_dist.ReduceOp.MAX)
+    rec["all_reduce_max"] = m.tolist()
+    b = torch.tensor([float(rank * 7)])
+    ds_dist.broadcast(b, src=1)
+    rec["broadcast"] = b.tolist()
+    out = torch.zeros(2 * ds_dist.get_world_size())
+    ds_dist.all_gather_into_tensor(out, torch.tensor([float(rank), float(-rank)]))
+    rec["all_gather_into_tensor"] = out.tolist()
+    parts = [torch.zeros(1) for _ in range(ds_dist.get_world_size())]
+    ds_dist.all_gather(parts, torch.tensor([float(rank * 2)]))
+    rec["all_gather"] = [p.tolist() for p in parts]
+    ds_dist.barrier()
+    return rec
+
+
+def argument_parser(tmp):
+    """deepspeed.add_config_arguments: the options it adds and what they parse to."""
+    import argparse
+
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    return {"defaults": vars(parser.parse_args([])),
+            "given": vars(parser.parse_args(["--deepspeed", "--deepspeed_config", "c.json"]))}
+
+
+def optimizer_state_write(tmp):
+    """safe_set_full_optimizer_state on the first weight's exp_avg after a step, then another
+    step: the write must steer it (stages 3 and 1)."""
+    from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_optimizer_state
+
+    rec = {}
+    for stage in (3, 1):
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(stage, optimizer=adamw(lr=1e-2)))
+        data = batches(3, 2)
+        train(engine, data[:1])
+        first = next(engine.module.parameters())
+        shape = tuple(first.ds_shape) if stage == 3 else tuple(first.shape)
+        safe_set_full_optimizer_state(first, torch.full(shape, 0.05), "exp_avg")
+        row = {"read_back": float(safe_get_full_optimizer_state(first, "exp_avg").double().sum()),
+               "steps": train(engine, data[1:]), "checksum": checksum(engine)}
+        rec[f"stage{stage}"] = row
+        del engine
+        gc.collect()
+    return rec
+
+
+def zero_init_dtype_and_disabled_gather(tmp):
+    """zero.Init(dtype=torch.float32) under a bf16 config (the explicit dtype wins), and
+    GatheredParameters(enabled=False), which gathers nothing."""
+    cfg = config(3, optimizer=adamw(), bf16={"enabled": True}, zero_optimization={
+        "stage": 3, "stage3_param_persistence_threshold": 0})
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=cfg, dtype=torch.float32):
+        model = mlp()
+    rec = {"dtypes": sorted({str(p.dtype) for p in model.parameters()})}
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=False):
+        rec["numel_disabled"] = sum(p.numel() for p in model.parameters())
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        rec["numel_enabled"] = sum(p.numel() for p in model.parameters())
+        rec["sum"] = float(sum(p.double().sum() for p in model.parameters()))
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1013,7 +1118,9 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              _bf16(0), _bf16(1), config_torch_optimizers_by_name, program_moves_the_lr,
              frozen_reference_engine, load_without_optimizer_or_scheduler,
              offload_with_config_optimizer, bf16_fp32_gradient_accumulation,
-             backward_options, zero_communication_flags]
+             backward_options, zero_communication_flags, program_built_deepspeed_schedules,
+             comm_surface, argument_parser, optimizer_state_write,
+             zero_init_dtype_and_disabled_gather]
 
 
 def main():

@@ -18,8 +18,9 @@ _ONECYCLE_BETA2 = 0.99
 class OneCycle(_Schedule):
     """1Cycle: min_lr -> max_lr over the first half, back over the second, then decay.
 
-    With ``cycle_momentum``, momentum moves inversely (max_mom -> min_mom -> max_mom): Adam-style
-    groups get ``betas = (mom, 0.99)``, SGD-style groups get ``momentum = mom``.
+    With ``cycle_momentum``, momentum moves inversely (max_mom -> min_mom -> max_mom) as
+    ``betas = (mom, 0.99)``, for an optimizer with ``betas`` in its defaults only: as in
+    DeepSpeed, SGD's ``momentum`` is left alone (cycling is switched off, with a warning).
     """
 
     def __init__(self,
@@ -81,10 +82,10 @@ class OneCycle(_Schedule):
         self.max_moms = _per_group("cycle_max_mom", cycle_max_mom, n)
         self.decay_mom_rate = float(decay_mom_rate)
         self.skip_mom_decay = no_decay or self.decay_mom_rate == 0.0
-        self._mom_kinds = [self._momentum_kind(group) for group in self.optimizer.param_groups]
-        if self.cycle_momentum and not any(self._mom_kinds):
-            logger.warning("OneCycle: cycle_momentum disabled: optimizer %s has neither 'betas' nor "
-                           "'momentum' in its param groups", type(self.optimizer).__name__)
+        if self.cycle_momentum and "betas" not in getattr(self.optimizer, "defaults", {}):
+            logger.warning("OneCycle: cycle_momentum disabled: optimizer %s has no 'betas' in "
+                           "its defaults (DeepSpeed cycles Adam-style betas only)",
+                           type(self.optimizer).__name__)
             self.cycle_momentum = False
 
         if self.last_batch_iteration == -1:
@@ -92,20 +93,9 @@ class OneCycle(_Schedule):
             if self.cycle_momentum:
                 self._apply_mom(self.min_moms)  # DeepSpeed starts at cycle_min_mom (see lr_schedules)
 
-    @staticmethod
-    def _momentum_kind(group: Dict[str, Any]) -> Optional[str]:
-        if "betas" in group:
-            return "betas"
-        if "momentum" in group:
-            return "momentum"
-        return None
-
     def _apply_mom(self, moms: Sequence[float]) -> None:
-        for group, kind, mom in zip(self.optimizer.param_groups, self._mom_kinds, moms):
-            if kind == "betas":
-                group["betas"] = (mom, _ONECYCLE_BETA2)
-            elif kind == "momentum":
-                group["momentum"] = mom
+        for group, mom in zip(self.optimizer.param_groups, moms):
+            group["betas"] = (mom, _ONECYCLE_BETA2)
 
     def _get_scale_factor(self) -> float:
         batch_iteration = self.last_batch_iteration + 1

@@ -38,8 +38,9 @@ Note: where DeepSpeed's documentation and code disagree we follow the code:
     grows). With momentum cycling, DeepSpeed writes ``betas = (momentum, 0.99)``: beta2 is
     forced to 0.99 whatever the optimizer had (reproduced here). At construction momentum is
     set to ``cycle_min_mom`` although the formula at that point gives ``cycle_max_mom``
-    (reproduced). DeepSpeed only cycles Adam-style ``betas`` (and disables cycling for e.g.
-    SGD); we also cycle ``momentum`` for SGD-style groups. Stair counts follow the current
+    (reproduced). DeepSpeed only cycles Adam-style ``betas`` and switches cycling off, with a
+    warning, for an optimizer without ``betas`` in its defaults (SGD keeps its momentum):
+    reproduced, so an SGD program trains as under DeepSpeed. Stair counts follow the current
     code (older releases ignored them).
   * An unknown ``warmup_type`` is an error here; DeepSpeed logs a warning and uses "log".
 
