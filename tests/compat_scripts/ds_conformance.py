@@ -1104,6 +1104,26 @@ def zero_init_dtype_and_disabled_gather(tmp):
     return rec
 
 
+def bf16_offload_and_fp32_communication(tmp):
+    """bf16 with offload_optimizer cpu ("AdamW", torch_adam) at stage 3, and bf16 with
+    "communication_data_type": "fp32" at stage 2 and stage 3."""
+    rec = {}
+    cases = {"offload_stage3": (3, {"offload_optimizer": {"device": "cpu"}}, {}),
+             "fp32_comm_stage2": (2, {}, {"communication_data_type": "fp32"}),
+             "fp32_comm_stage3": (3, {}, {"communication_data_type": "fp32"})}
+    for name, (stage, zero, extra) in cases.items():
+        model = mlp()
+        cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3), bf16={"enabled": True},
+                     zero_optimization={"stage": stage, **zero}, **extra)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        rec[name] = {"steps": train(engine, batches(6, 2), cast=torch.bfloat16),
+                     "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1120,7 +1140,7 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              offload_with_config_optimizer, bf16_fp32_gradient_accumulation,
              backward_options, zero_communication_flags, program_built_deepspeed_schedules,
              comm_surface, argument_parser, optimizer_state_write,
-             zero_init_dtype_and_disabled_gather]
+             zero_init_dtype_and_disabled_gather, bf16_offload_and_fp32_communication]
 
 
 def main():
