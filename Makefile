@@ -51,10 +51,11 @@ $(DS_SITE)/.installed: $(STAMP)
 ds-golden: $(DS_SITE)/.installed
 	$(PY) tools/ds_golden.py --python $(PY) --pythonpath $(DS_SITE)
 
-# The unchanged clients (HF Trainer, Accelerate loops, TRL SFT/DPO/GRPO, DeepSpeed-Chat) under real DeepSpeed
-# and under zerolite, now, compared (tests/test_ds_clients.py; .ci/run runs it).
+# The unchanged clients (HF Trainer, Accelerate loops, TRL SFT/DPO/GRPO, DeepSpeed-Chat) under
+# real DeepSpeed and under zerolite, now, compared (tests/test_ds_clients.py; .ci/run runs it),
+# and the peers benchmark's DeepSpeed engine: every test marked `deepspeed`.
 ds-clients: $(DS_SITE)/.installed
-	ZEROLITE_DS_SITE=$(DS_SITE) $(PY) -m pytest -q -m deepspeed tests/test_ds_clients.py
+	ZEROLITE_DS_SITE=$(DS_SITE) $(PY) -m pytest -q -m deepspeed
 
 # The documentation site into site/ (mkdocs-material + mkdocstrings, the `docs` extra), with
 # every warning an error; the config reference is generated from zerolite/config/ as it builds.

@@ -1,7 +1,6 @@
 """benchmarks.peers at the tiny size, world 2: every engine runs in its own torchrun job, the
 JSON has every field, and the losses agree with each other and with the single-process
 reference within fp32 noise (every engine clips with a float64 norm)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,9 +18,10 @@ FIELDS = ("engine", "size", "dtype", "world", "params", "global_batch", "micro_b
 STEPS, WARMUP = 3, 1
 
 
-def _run(tmp_path, engines, timeout=180):
+def _run(tmp_path, engines, timeout=180, site=None):
+    """`site`: a folder with real DeepSpeed in it (.ds-site), put on the path after the repo."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in [str(REPO), os.environ.get("PYTHONPATH")] if p))
+        p for p in [str(REPO), site, os.environ.get("PYTHONPATH")] if p))
     cmd = [sys.executable, "-m", "benchmarks.peers.run", "--sizes", "tiny", "--worlds", "2",
            "--dtypes", "fp32", "--engines", ",".join(engines), "--steps", str(STEPS),
            "--warmup", str(WARMUP), "--out-dir", str(tmp_path), "--timeout", str(timeout)]
@@ -68,8 +68,12 @@ def test_peers_tiny_world2(tmp_path):
     assert "| zerolite3 | tiny | fp32 | 2 |" in md and "cores" in md
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="deepspeed not installed (optional: pip install deepspeed)")
+@pytest.mark.deepspeed
 def test_peers_tiny_world2_deepspeed(tmp_path):
+    """The benchmark's DeepSpeed engine, real DeepSpeed 0.19.8 from .ds-site (`make
+    ds-clients` installs it and runs this), beside zerolite: the same losses."""
+    site = os.path.abspath(os.environ.get("ZEROLITE_DS_SITE", REPO / ".ds-site"))
+    if not os.path.isdir(os.path.join(site, "deepspeed")):
+        pytest.fail(f"DeepSpeed 0.19.8 is not installed in {site}: run `make ds-clients`")
     engines = ["deepspeed", "zerolite3"]
-    _check(_run(tmp_path, engines, timeout=600), engines)
+    _check(_run(tmp_path, engines, timeout=600, site=site), engines)
