@@ -13,6 +13,7 @@ catches what a single-process reference cannot (what DeepSpeed reports and lays 
 places where zerolite differs on purpose are listed with the reason, and one nothing matches
 fails, as in test_ds_conformance.py.
 """
+import fnmatch
 import json
 import os
 import subprocess
@@ -201,11 +202,17 @@ def test_deepspeed_chat(tmp_path):
                   _ranks("result_rank{}.json"), out_flag="--output_dir")
 
 
+def _clients_of(pattern: str) -> set[str]:
+    """The clients whose records a DIFFERENCES pattern can match (by its first part)."""
+    head = pattern.split(".", 1)[0]
+    return set(CLIENTS) if head.startswith("*") else {
+        c for c in CLIENTS if fnmatch.fnmatchcase(c, head)}
+
+
 def test_every_listed_difference_is_still_seen():
-    """A listed difference no client shows any more is stale: remove it. Needs every client's
-    comparison, so it runs last and only when the whole file ran (`make ds-clients`)."""
-    if set(SEEN) != CLIENTS:
-        pytest.skip(f"only {sorted(SEEN)} of the clients ran in this session")
-    used = set().union(*SEEN.values())
-    stale = sorted(set(DIFFERENCES) - used)
+    """A listed difference none of its clients shows any more is stale: remove it. Judged for
+    each pattern whose clients all ran in this session (all of them under `make ds-clients`,
+    which runs this file whole; the tests above fill SEEN, so this one runs last)."""
+    used = set().union(*SEEN.values()) if SEEN else set()
+    stale = sorted(p for p in DIFFERENCES if _clients_of(p) <= set(SEEN) and p not in used)
     assert not stale, f"listed as differing but no client differs there: {stale}"
