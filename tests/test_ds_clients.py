@@ -41,17 +41,6 @@ DIFFERENCES = {
     "*.hooks[*]":
         "how many module hooks ZeRO-3 installs: DeepSpeed hooks every module, zerolite each "
         "unit (a block) plus a direct-call pair on each module holding parameters",
-    "trl_*.before.numel":
-        "DeepSpeed keeps each parameter at or below stage3_param_persistence_threshold "
-        "gathered for good (here the norms' weights); zerolite keeps whole units of that size, "
-        "and these models' units are larger, so outside a forward every parameter is a "
-        "0-element placeholder",
-    "trl_*.before.status": "the same: the persistent parameters are AVAILABLE under DeepSpeed",
-    "trl_dpo.*.after.numel": "the same",
-    "trl_dpo.*.after.status": "the same",
-    "*.total_flos":
-        "the same: the Trainer counts FLOPs from p.numel() outside the forward, which under "
-        "DeepSpeed is the persistent parameters' and under zerolite 0 (neither is the model's)",
     "*.ref_optimizer[*]": "the same as eval_optimizer",
     "dschat_sft.weights.*k_proj.bias[*]":
         "the key bias's gradient is mathematically zero (softmax ignores a shift along the "

@@ -60,6 +60,17 @@ DIFFERENCES = {
         "otherwise bf16), so the golden's parameters are bf16; on a GPU DeepSpeed honours it, "
         "as zerolite does everywhere",
     "zero_init_dtype_and_disabled_gather.sum": "the same: bf16-rounded values under DeepSpeed",
+    "param_persistence.forward.*":
+        "while DeepSpeed records its first trace it releases persistent parameters after each "
+        "module; zerolite releases them at the end of that step's backward, never between a "
+        "forward and its backward (root-level code holds plain views of them)",
+    "param_persistence.backward.*":
+        "the same, and DeepSpeed then keeps the persistent parameters of a module whose inputs "
+        "need no gradient (its post-backward hook never fires: here the first Linear's bias)",
+    "param_persistence.eval_forward.*":
+        "after a forward without grad DeepSpeed keeps every parameter its recorded trace uses "
+        "again within stage3_max_reuse_distance (the training backward), so nothing is "
+        "released; zerolite releases all but the persistent parameters",
 }
 """Path pattern (fnmatch over 'scenario.key[i].key') -> why zerolite differs there."""
 EXPLAINED = Explanations(DIFFERENCES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import psutil
@@ -538,9 +538,10 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                         exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import save_checkpoint
 
-        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
-                               save_latest=save_latest,
-                               exclude_frozen_parameters=exclude_frozen_parameters)
+        with self._checkpoint_event():
+            return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                                   save_latest=save_latest,
+                                   exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
@@ -549,14 +550,25 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
 
         if custom_load_fn is not None:
             raise ZeroliteStateError("load_checkpoint(custom_load_fn=...) is not supported")
-        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
-                               load_optimizer_states=load_optimizer_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states,
-                               load_module_only=load_module_only)
+        with self._checkpoint_event():
+            return load_checkpoint(self, load_dir, tag=tag,
+                                   load_module_strict=load_module_strict,
+                                   load_optimizer_states=load_optimizer_states,
+                                   load_lr_scheduler_states=load_lr_scheduler_states,
+                                   load_module_only=load_module_only)
+
+    def _checkpoint_event(self):
+        """Stage 3: parameters released before a checkpoint event, the persistent ones gathered
+        after (ShardedModel.checkpoint_event); DeepSpeed does it only where its ZeRO-3
+        optimizer exists, so not for an engine without an optimizer."""
+        return self.sharded.checkpoint_event() if self.basic_optimizer is not None \
+            else nullcontext()
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False):
         from zerolite.checkpoint import save_16bit_model_as_configured
 
-        return save_16bit_model_as_configured(self, save_dir, save_filename,
-                                              exclude_frozen_parameters=exclude_frozen_parameters)
+        with self._checkpoint_event():
+            return save_16bit_model_as_configured(
+                self, save_dir, save_filename,
+                exclude_frozen_parameters=exclude_frozen_parameters)

@@ -718,7 +718,8 @@ class DeepSpeedAccessors(RefusedEngineMethods):
         Accelerate's save_model read it."""
         from zerolite.checkpoint import consolidated_16bit_state_dict
 
-        return consolidated_16bit_state_dict(self, exclude_frozen_parameters)
+        with self._checkpoint_event():
+            return consolidated_16bit_state_dict(self, exclude_frozen_parameters)
 
     # -- lifecycle ----------------------------------------------------------------------
     def empty_partition_cache(self) -> None:

@@ -1124,6 +1124,68 @@ def bf16_offload_and_fp32_communication(tmp):
     return rec
 
 
+def residency(engine):
+    """Every parameter's (ds_status, numel, ds_persist) as a program sees it now, and the
+    total numel (what the HF Trainer's total_flos counts)."""
+    params = list(engine.module.named_parameters())
+    return {"params": {n: [str(p.ds_status).split(".")[-1], p.numel(),
+                           bool(getattr(p, "ds_persist", False))] for n, p in params},
+            "numel": sum(p.numel() for _, p in params)}
+
+
+def param_persistence(tmp):
+    """Stage 3 with stage3_param_persistence_threshold 20 (the biases and the norm persist,
+    the weights do not): each parameter's status after initialize, forward, backward, step,
+    an eval forward, empty_partition_cache, a GatheredParameters of a released persistent
+    parameter, save and load; then the default threshold (everything persists here) and a
+    stage3_model_persistence_threshold that skips parameters past its budget."""
+    ckpt = os.path.join(tmp, "ckpt")
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 20}
+    model = mlp()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(3, optimizer=adamw(), zero_optimization=zero))
+    (x, y), (x2, y2), (x3, y3) = batches(3, 2)
+    rec = {"initialized": residency(engine)}
+    loss = F.mse_loss(engine(x), y)
+    rec["forward"] = residency(engine)
+    engine.backward(loss)
+    rec["backward"] = residency(engine)
+    engine.step()
+    rec["step"] = residency(engine)
+    rec["losses"] = [float(loss.item())] + [r["loss"] for r in train(engine, [(x2, y2)])]
+    engine.eval()
+    with torch.no_grad():
+        engine(x3)
+    engine.train()
+    rec["eval_forward"] = residency(engine)
+    engine.empty_partition_cache()
+    rec["emptied"] = residency(engine)
+    bias = engine.module[5].bias
+    with deepspeed.zero.GatheredParameters([bias]):
+        rec["gathered_sum"] = float(bias.detach().double().sum())
+    rec["after_gather"] = residency(engine)
+    engine.save_checkpoint(ckpt, tag="t")
+    rec["saved"] = residency(engine)
+    engine.load_checkpoint(ckpt, tag="t")
+    rec["loaded"] = residency(engine)
+    rec["losses"] += [r["loss"] for r in train(engine, [(x3, y3)])]
+    rec["after_load_step"] = residency(engine)
+    del engine
+    gc.collect()
+    for name, zero in (("default", {"stage": 3}),
+                       ("model_budget", {"stage": 3, "stage3_param_persistence_threshold": 20,
+                                         "stage3_model_persistence_threshold": 40})):
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(3, optimizer=adamw(),
+                                                        zero_optimization=zero))
+        rows = train(engine, batches(2, 2))
+        rec[name] = {"losses": [r["loss"] for r in rows], "residency": residency(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1140,7 +1202,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              offload_with_config_optimizer, bf16_fp32_gradient_accumulation,
              backward_options, zero_communication_flags, program_built_deepspeed_schedules,
              comm_surface, argument_parser, optimizer_state_write,
-             zero_init_dtype_and_disabled_gather, bf16_offload_and_fp32_communication]
+             zero_init_dtype_and_disabled_gather, bf16_offload_and_fp32_communication,
+             param_persistence]
 
 
 def main():

@@ -170,9 +170,11 @@ class ZeroOptimizationConfig(Section):
     stage3_prefetch_bucket_size: int = 50_000_000
     """Stage 3: parameter elements fetched ahead of use."""
     stage3_param_persistence_threshold: int = 100_000
-    """Stage 3: parameters with fewer elements stay unpartitioned."""
-    stage3_model_persistence_threshold: int = deepspeed_only(sys.maxsize)
-    """Stage 3: bound on the total elements kept unpartitioned."""
+    """Stage 3: parameters with at most this many elements stay gathered between steps (after
+    their first use)."""
+    stage3_model_persistence_threshold: int = sys.maxsize
+    """Stage 3: bound on the total elements of those persistent parameters (taken in model
+    order until the next one would exceed it)."""
     stage3_max_live_parameters: int = 1_000_000_000
     """Stage 3: max gathered parameter elements resident at once."""
     stage3_max_reuse_distance: int = 1_000_000_000

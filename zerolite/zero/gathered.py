@@ -4,7 +4,9 @@
 Two kinds of sharded parameters:
   * engine-managed (`p.zl_handle`): their unit is gathered (all its flats at once) and the
     parameters become views into the unit's full buffer; on exit a unit that this context
-    gathered is released again (stage 3; units that are always gathered stay).
+    gathered is released again (stage 3; units that are always gathered stay), and so is the
+    persistent unit whenever one of its parameters was listed: DeepSpeed partitions every
+    listed parameter, persistent ones included (they are gathered again at their next use).
   * zero.Init-partitioned, not yet in an engine (`p.zl_partitioned`): the slices are
     all-gathered into a full tensor; on exit the parameter goes back to its slice.
 
@@ -101,7 +103,7 @@ class GatheredParameters:
             for p in self._partitioned:
                 release_partitioned(p, self.modifier_rank if exc_type is None else None)
             for sharded, unit, was_gathered in self._units:
-                if not was_gathered:
+                if not was_gathered or unit.persistent:  # DeepSpeed partitions those too
                     sharded.release_gathered(unit)
         return False
 

@@ -10,6 +10,11 @@ and two on every module inside the unit that owns some of its parameters directl
   direct-call hooks  -> called outside the unit's own forward (DeepSpeed gathers module by
                         module, so programs call an embedding or a value head on its own):
                         gather the unit before, release it after unless backward needs it
+The persistent unit (stage 3, residency.py) has no forward of its own, and every gather of
+another unit gathers it too if it is not: one pre-hook on each module holding only persistent
+parameters itself (a norm; a Linear whose weight is a block's has the block's direct-call
+hooks) gathers it if it is not (a module called outside every unit's forward, before the
+first step or after empty_partition_cache).
 Per parameter (install_grad_hooks; the sharded model owns them):
   grad arrival hook  -> before autograd accumulates it: make sure the unit is gathered (a
                         param used outside its unit's forward, e.g. read at the root level
@@ -26,7 +31,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_leaves
 
 from zerolite.zero.flat_param import FlatParam
-from zerolite.zero.unit import Unit
+from zerolite.zero.unit import Unit, UnitState
 
 
 class UnitEvents(Protocol):
@@ -45,6 +50,8 @@ class UnitEvents(Protocol):
     def after_unit_forward(self, unit: Unit, needs_backward: bool) -> None: ...
 
     def before_direct_call(self, unit: Unit) -> None: ...
+
+    def before_persistent_use(self) -> None: ...
 
     def after_direct_call(self, unit: Unit, output) -> None: ...
 
@@ -78,7 +85,13 @@ def install_unit_hooks(model: UnitEvents, unit: Unit) -> tuple[list, list]:
     """One unit's module hooks, split as DeepSpeed splits them: (forward hooks: gather before
     the forward, release after it; backward hooks: arm the re-gather before the unit's
     backward and the release after it). Registered in this order: forward pre-hook, the
-    backward pre-hook, the backward post-hook, the forward post-hook."""
+    backward pre-hook, the backward post-hook, the forward post-hook. The persistent unit: its
+    use pre-hooks only (as forward hooks; no backward ones)."""
+    if unit.persistent:
+        mine = {id(p) for flat in unit.flats for p in flat.params}
+        return [owner.register_forward_pre_hook(_make_pre_persistent_use(model, unit))
+                for owner in owner_submodules(unit)
+                if all(id(p) in mine for p in owner.parameters(recurse=False))], []
     module = unit.module
     fwd_pre = module.register_forward_pre_hook(_make_pre_forward(model, unit))
     bwd_pre = module.register_forward_pre_hook(_make_arm_post_backward(model, unit),
@@ -156,6 +169,14 @@ def _make_pre_direct_call(model: UnitEvents, unit: Unit):
     def hook(module, args):
         if not torch.compiler.is_compiling():
             model.before_direct_call(unit)
+
+    return hook
+
+
+def _make_pre_persistent_use(model: UnitEvents, unit: Unit):
+    def hook(module, args):
+        if unit.state is not UnitState.GATHERED and not torch.compiler.is_compiling():
+            model.before_persistent_use()
 
     return hook
 

@@ -82,7 +82,7 @@ class ParamCoordinator:
         return self._residency.scheduler.phases
 
     def is_complete_trace(self) -> bool:
-        return any(phase.record for phase in self._phases)
+        return self._residency.scheduler.trace_complete()
 
     def is_record_trace(self) -> bool:
         return not self.is_complete_trace() and any(phase.current for phase in self._phases)
@@ -101,10 +101,10 @@ class ParamCoordinator:
         self._residency.settle_inflight()
 
     def release_and_reset_all(self, module=None) -> None:
-        """Release every unit that is not always gathered (the `module` argument is DeepSpeed's;
-        zerolite's coordinator serves one model)."""
+        """Release every unit at stage 3, the persistent one too, as DeepSpeed does (the
+        `module` argument is DeepSpeed's; zerolite's coordinator serves one model)."""
         self._residency.settle_inflight()
-        self._residency.release_all()
+        self._residency.release_all(persistent_too=True)
 
 
 class ParameterOffload:
@@ -116,6 +116,11 @@ class ParameterOffload:
         self.forward_hooks: list[UnitHookHandle] = []
         self.backward_hooks: list[UnitHookHandle] = []
         self.param_coordinator = ParamCoordinator(residency)
+        persistent = residency.persistent_unit
+        self.persistent_parameters = sorted(
+            (p for f in persistent.flats for p in f.params), key=lambda p: p.ds_id) \
+            if persistent is not None else []
+        """DeepSpeed's list of the parameters kept gathered between steps (`ds_persist`)."""
         self._events = events
         self._residency = residency
         self._handles: dict[int, list[UnitHookHandle]] = {}

@@ -136,6 +136,10 @@ class PrefetchScheduler:
     def phases(self) -> tuple[RecordedOrder, RecordedOrder, RecordedOrder]:
         return self.forward, self.backward, self.inference
 
+    def trace_complete(self) -> bool:
+        """Some phase has a recorded order to follow (DeepSpeed's "complete" trace)."""
+        return any(phase.record for phase in self.phases)
+
     def forget(self) -> None:
         """Drop every recorded order and the one being recorded: the next forward and
         backward gather on demand and record afresh (DeepSpeed's trace invalidation)."""

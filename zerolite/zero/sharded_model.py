@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -29,7 +30,8 @@ from zerolite.zero.hooks import grad_tensors, install_grad_hooks
 from zerolite.zero.leaf_modules import apply_leaf_module_config, tag_leaf_parameters
 from zerolite.zero.module_hooks import ParameterOffload
 from zerolite.zero.param_status import ZeroParamType
-from zerolite.zero.partition import UnitPolicy, assign_params, find_unit_modules
+from zerolite.zero.partition import (UnitPolicy, assign_params, find_unit_modules,
+                                     persistent_params, split_persistent)
 from zerolite.zero.grad_reduction import GradReduction
 from zerolite.zero.residency import Residency
 from zerolite.zero.shard_math import shard_numel
@@ -64,7 +66,10 @@ class ShardingOptions:
     """stage3_max_reuse_distance: keep a unit after forward if it is needed again within
     this many elements of other units (the last blocks, whose backward comes first)."""
     persistence_threshold: int = 100_000
-    """stage3_param_persistence_threshold: units this small (numel) are never released."""
+    """stage3_param_persistence_threshold: parameters this small (numel) go to the persistent
+    unit, kept gathered between steps (residency.py, [Note: persistent parameters])."""
+    model_persistence_threshold: int = sys.maxsize
+    """stage3_model_persistence_threshold: bound on the persistent unit's elements."""
     reduce_bucket_numel: int = 500_000_000
     """reduce_bucket_size: elements of full gradient buffers allowed in flight."""
     reduce_once_per_step: bool = False
@@ -84,6 +89,7 @@ class ShardingOptions:
                    max_live_numel=zc.stage3_max_live_parameters,
                    max_reuse_distance=zc.stage3_max_reuse_distance,
                    persistence_threshold=zc.stage3_param_persistence_threshold,
+                   model_persistence_threshold=zc.stage3_model_persistence_threshold,
                    reduce_bucket_numel=zc.reduce_bucket_size,
                    reduce_once_per_step=reduce_once_per_step, trace=trace,
                    leaf_module=zc.leaf_module)
@@ -167,20 +173,28 @@ class ShardedModel:
         tag_leaf_parameters(module)
         unit_modules = find_unit_modules(module, unit_policy)
         owner, names = assign_params(module, unit_modules)
+        persistent = persistent_params(module, options.persistence_threshold,
+                                       options.model_persistence_threshold) \
+            if self.stage == 3 else set()
+        unit_modules, owner, persistent_index = split_persistent(unit_modules, owner,
+                                                                 persistent)
         for p in names:
             if not p.is_floating_point():
                 raise ZeroliteConfigError(f"parameter {names[p][0]!r} has dtype {p.dtype}; "
                                           "zerolite shards floating-point parameters only")
         self._cast_buffers(module, compute_dtype)
         self.pool = BufferPool()
-        per_unit: list[list[nn.Parameter]] = [[] for _ in range(len(unit_modules) + 1)]
+        per_unit: list[list[nn.Parameter]] = [
+            [] for _ in range(len(unit_modules) + 1 + (persistent_index is not None))]
         for p in names:  # model order
             per_unit[owner[p]].append(p)
         flats = self._build_flats(per_unit, names, group_of)
         self.units: list[Unit] = []
         for index, unit_flats in enumerate(flats):
-            name, mod = ("", module) if index == 0 else unit_modules[index - 1]
-            self.units.append(Unit(index, name, mod, unit_flats, plan))
+            is_persistent = index == persistent_index
+            name, mod = ("", module) if index == 0 or is_persistent \
+                else unit_modules[index - 1]
+            self.units.append(Unit(index, name, mod, unit_flats, plan, persistent=is_persistent))
         self._unit_of = {id(f): u for u in self.units for f in u.flats}
         self.saved_views = SavedViewHooks(self.pool, self._regather_for_backward)
         self.stats = StatsRecorder(trace=options.trace, layer=device_layer)
@@ -188,29 +202,29 @@ class ShardedModel:
                                    prefetch_numel=options.prefetch_numel,
                                    max_live_numel=options.max_live_numel,
                                    max_reuse_distance=options.max_reuse_distance,
-                                   persistence_threshold=options.persistence_threshold,
                                    stats=self.stats)
         self.reduction = GradReduction(self.reducer, max_inflight_numel=options.reduce_bucket_numel,
                                        stats=self.stats)
+        self._tag_params()
         self.parameter_offload = ParameterOffload(self, module, self.residency)
         """The units' module hooks and the trace, under DeepSpeed's names (module_hooks.py)."""
         self._grad_hook_handles = install_grad_hooks(self)
-        self._tag_params()
         logger.debug("zerolite units: %s", self.units)
 
     def _tag_params(self) -> None:
         """DeepSpeed-style attributes (ds_id, ds_shape, ds_numel, ds_tensor: this rank's piece
         of the param, a live view of its shard) plus our own handle, so
         code that checks for ZeRO-3 params (and GatheredParameters) can find them."""
-        ds_id = 0
-        for unit in self.units:
-            for flat in unit.flats:
-                for i, (p, slot) in enumerate(zip(flat.params, flat.slots)):
-                    p.zl_handle = ParamHandle(self, unit, flat, i)
-                    p.ds_id, p.ds_shape, p.ds_numel = ds_id, torch.Size(slot.shape), slot.numel
-                    p.ds_param_type = ZeroParamType.PARTITIONED
-                    p.ds_tensor = flat.local_piece(i)
-                    ds_id += 1
+        where = {id(p): (unit, flat, i) for unit in self.units for flat in unit.flats
+                 for i, p in enumerate(flat.params)}
+        for ds_id, p in enumerate(self.module.parameters()):  # model order, as DeepSpeed's
+            unit, flat, i = where[id(p)]
+            slot = flat.slots[i]
+            p.zl_handle = ParamHandle(self, unit, flat, i)
+            p.ds_id, p.ds_shape, p.ds_numel = ds_id, torch.Size(slot.shape), slot.numel
+            p.ds_param_type = ZeroParamType.PARTITIONED
+            p.ds_persist = unit.persistent
+            p.ds_tensor = flat.local_piece(i)
 
     @staticmethod
     def _cast_buffers(module: nn.Module, dtype: torch.dtype) -> None:
@@ -281,12 +295,17 @@ class ShardedModel:
                     self.state = TrainingState.IDLE
 
     def release_gathered(self, unit: Unit) -> None:
-        """Release a unit that GatheredParameters gathered. If root-level code of a forward
-        may have saved views of it for backward (saved_views.py), its buffer is not reused
-        until backward ends."""
-        if torch.is_grad_enabled() and self.saved_views.unprotected():
+        """Release a unit at the end of a GatheredParameters (the persistent unit too). If
+        root-level code of a forward may have saved views of it for backward (saved_views.py):
+        here, or anywhere between a forward and the end of its backward for the persistent
+        unit, which root-level code uses plainly, its buffer is not reused until backward
+        ends."""
+        graph_alive = self.state is not TrainingState.IDLE or \
+            self.units[0].state is not UnitState.SHARDED  # the root: forward until backward
+        if (torch.is_grad_enabled() and self.saved_views.unprotected()) or \
+                (unit.persistent and graph_alive):
             self.pool.reuse_blocked = True
-        self.residency.release(unit)
+        self.residency.release(unit, persistent_too=True)
 
     def _regather_for_backward(self, flat: FlatParam) -> None:
         self.residency.ensure_gathered(self._unit_of[id(flat)], None)
@@ -319,8 +338,8 @@ class ShardedModel:
             if needs_backward:  # the loss is next: start gathering what backward needs first
                 self.residency.prefetch_phase_start(self.residency.scheduler.backward)
             else:
+                self.residency.release_all()  # before the trace is complete: persistent too
                 self.residency.scheduler.end_inference()
-                self.residency.release_all()
             return
         if needs_backward:
             self.residency.after_forward(unit)
@@ -342,6 +361,12 @@ class ShardedModel:
         gathers = unit.state is UnitState.SHARDED
         unit.direct_calls.append(gathers)
         self.residency.ensure_gathered(unit, None)
+
+    def before_persistent_use(self) -> None:
+        """A module holding persistent parameters runs: gather the persistent unit if it is
+        not (used outside every unit's forward, or after empty_partition_cache). Nothing in a
+        forward or backward releases it, so its buffer is never reused under autograd's views."""
+        self.residency.ensure_persistent()
 
     def after_direct_call(self, unit: Unit, output) -> None:
         """Release what the call gathered, unless backward will need it (an `output` that
@@ -434,10 +459,25 @@ class ShardedModel:
         self.settle_host_copies()
 
     def empty_cache(self) -> None:
-        """Release every gathered unit that may be released (persistent ones stay) and drop the
-        pool's free buffers: the memory DeepSpeed's empty_partition_cache() returns."""
-        self.residency.release_all()
+        """Release every gathered unit at stage 3, the persistent one too (it is gathered
+        again at its next use), and drop the pool's free buffers: the memory DeepSpeed's
+        empty_partition_cache() returns."""
+        self.residency.settle_inflight()
+        self.residency.release_all(persistent_too=True)
         self.pool.clear()
+
+    @contextmanager
+    def checkpoint_event(self):
+        """Stage 3, around a checkpoint save or load and a consolidated 16-bit state dict:
+        every unit is released first and the persistent unit gathered again after, the state
+        DeepSpeed's checkpoint_event_prologue / _epilogue leave the parameters in."""
+        if not self.residency.sharding_params:
+            yield
+            return
+        self.residency.settle_inflight()
+        self.residency.release_all(persistent_too=True)
+        yield
+        self.residency.ensure_persistent()
 
     def settle_host_copies(self) -> None:
         """offload 'cpu': block until every host <-> device copy issued so far is done."""

@@ -120,6 +120,7 @@ def partition_param(p: nn.Parameter, dtype: torch.dtype | None = None,
     p.ds_shape, p.ds_numel, p.ds_tensor = info.shape, info.numel, local
     p.ds_status = ZeroParamStatus.NOT_AVAILABLE
     p.ds_param_type = ZeroParamType.PARTITIONED
+    p.ds_persist = False  # DeepSpeed's zero.Init too; the engine decides (partition.py)
     if not hasattr(p, "ds_id"):
         p.ds_id = ds_id
     return local.numel() * local.element_size()

@@ -1,5 +1,10 @@
 """One unit: a module subtree whose parameters are gathered and released together.
 
+At stage 3 the last unit may be the persistent unit (`persistent=True`): every parameter at or
+below stage3_param_persistence_threshold, wherever it sits in the model, in one unit that is
+gathered at its first use and kept gathered between steps (residency.py,
+[Note: persistent parameters]). Its `module` is the model itself; it has no forward of its own.
+
 State machine: SHARDED -> GATHERING -> GATHERED -> SHARDED. `Unit.state` is the only record of
 whether a unit's params are gathered (its flats only hold or do not hold a full buffer); every
 transition goes through `_move`, and any other transition is a bug in zerolite and raises
@@ -36,9 +41,10 @@ _DS_STATUS = {UnitState.SHARDED: ZeroParamStatus.NOT_AVAILABLE,
 
 class Unit:
     def __init__(self, index: int, name: str, module: nn.Module, flats: list[FlatParam],
-                 plan: PlacementPlan = ON_DEVICE):
+                 plan: PlacementPlan = ON_DEVICE, persistent: bool = False):
         self.index = index
-        self.name = name or "<root>"
+        self.persistent = persistent
+        self.name = "<persistent>" if persistent else (name or "<root>")
         self.module = module
         self.flats = flats
         self.trainable_flats = [f for f in flats if f.requires_grad]
