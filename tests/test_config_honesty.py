@@ -3,11 +3,13 @@ once per job at start-up (one line, on rank 0)."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
 import zerolite
 from zerolite.config import load_config
+from zerolite.config.support import SWITCHED_ON_REFUSED
 from zerolite.errors import ZeroliteConfigError
 from zerolite.testing.multiprocess import run_ranks
 
@@ -55,3 +57,31 @@ def test_ignored_keys_are_listed_once_per_job():
     for key in ("zero_optimization.overlap_comm", "flops_profiler"):
         assert key in lines[0][0], lines[0][0]
     assert "contiguous_gradients" not in lines[0][0]  # a default value changes nothing
+
+
+def _switched_on(key, when):
+    value = {"true": True, "> 1": 2, "set": {"x": 1}}[when]
+    cfg = dict(BASE)
+    node = cfg
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return cfg
+
+
+@pytest.mark.parametrize("key", sorted(SWITCHED_ON_REFUSED))
+def test_features_that_change_training_are_refused_when_switched_on(key):
+    """DeepSpeed features zerolite does not implement and that would change what is trained
+    fail the config naming the key, never load and train differently; switched off (false,
+    1, null) they load."""
+    when, why = SWITCHED_ON_REFUSED[key]
+    with pytest.raises(ZeroliteConfigError, match=re.escape(key)) as info:
+        load_config(_switched_on(key, when), 1)
+    assert why in str(info.value)
+    off = _switched_on(key, when)
+    node = off
+    for part in key.split(".")[:-1]:
+        node = node[part]
+    node[key.split(".")[-1]] = {"true": False, "> 1": 1, "set": None}[when]
+    load_config(off, 1)

@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_leaves, tree_map
 
+from zerolite.buffer_dtypes import set_buffer_dtypes
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.comm.last_collective import RECORD as LAST, set_phase
 from zerolite.comm.topology import NodeLayout, build_secondary_group
@@ -43,6 +44,28 @@ logger = logging.getLogger("zerolite")
 def _to_half(x):
     """fp16.auto_cast: floating-point inputs become float16, everything else is untouched."""
     return x.half() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def skips_nonfinite_steps(config) -> bool:
+    """Is an optimizer step whose gradient norm is inf or NaN skipped under `config`?
+
+    [Note: non-finite gradients] As in DeepSpeed 0.19: such a step is skipped (nothing
+    applied, skipped_steps + 1, the lr schedule does not advance, get_global_grad_norm() is
+    the float inf; global_steps still counts it) in fp16 (the loss scaler's overflow), at
+    stage 3, at stage 0 in bf16, at stages 1-2 in fp32, and at stages 1-2 in bf16 unless
+    bf16.check_grad_overflow is false (stage 1 with data_types.grad_accum_dtype fp32 and the
+    optimizer on the device still skips: DeepSpeed's BF16_Optimizer always does). Stage 0 in
+    fp32, a plain torch optimizer under DeepSpeed, applies it, as does bf16 with the check off.
+    """
+    stage = config.zero_optimization.stage
+    if config.fp16.enabled or stage == 3:
+        return True
+    if not config.bf16.enabled:
+        return stage != 0
+    if stage == 0 or config.bf16.check_grad_overflow:
+        return True
+    return (stage == 1 and config.data_types.grad_accum_dtype == "fp32"
+            and config.zero_optimization.offload_optimizer is None)
 
 
 @dataclass
@@ -80,6 +103,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         """engine.compile() has compiled the model (DeepSpeed's engine.is_compiled)."""
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
         place_module(model, self.device, slice_of=partition_info)
+        set_buffer_dtypes(model, config.precision_dtype, config.data_types)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device_layer = make_device_layer(self.device)
@@ -154,6 +178,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         # deepspeed.utils.safe_get_full_optimizer_state & co.
         self.fragments = TensorFragments(self.sharded, self.basic_optimizer)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
+        self._skips_nonfinite = skips_nonfinite_steps(config)
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = self._build_dataloader(training_data, collate_fn)
         self.global_steps = 0
@@ -161,6 +186,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         self.micro_steps = 0
         self.skipped_steps = 0
         self._global_grad_norm: float | None = None
+        self._last_step_skipped = False
         self._step_applied = False
         self._boundary_override: bool | None = None
         self._in_engine_backward = False
@@ -400,21 +426,24 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         # The float64 sum of squares is non-finite iff some element is (fp32 squares cannot
         # overflow float64), so the all-reduced norm doubles as the fp16 overflow check.
         norm = global_grad_norm(grads, self.sharded.partitions > 1, device=self.device)
+        overflow = not math.isfinite(norm)
+        scale = 1.0
         if self.loss_scaler is not None:
             scale = self.loss_scaler.loss_scale
-            overflow = not math.isfinite(norm)
             self.loss_scaler.update_scale(overflow)
-            self.optimizer.overflow = overflow
-            if overflow:
-                self.skipped_steps += 1
-                self._global_grad_norm = float("inf")
-                for m in masters:
-                    m.grad = None
-                return
+        skip = overflow and self._skips_nonfinite
+        self.optimizer.overflow = self._last_step_skipped = skip
+        if skip:
+            self.skipped_steps += 1
+            self._global_grad_norm = float("inf")
+            for m in masters:
+                m.grad = None
+            return
+        if scale != 1.0:
             for g in grads:
                 g.mul_(1.0 / scale)
             norm /= scale  # exact for power-of-two scales (all dynamic ones)
-        self._global_grad_norm = norm
+        self._global_grad_norm = float("inf") if overflow else norm  # DeepSpeed's NaN is inf
         coef = clip_coefficient(norm, self._config.gradient_clipping)
         if coef is not None:
             for g in grads:
@@ -488,13 +517,14 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
     def get_global_grad_norm(self) -> torch.Tensor | float | None:
         """The last step's gradient norm before clipping, as DeepSpeed's ZeRO and bf16
         optimizers leave it: a 0-dim tensor on the engine's device (programs call `.item()` on
-        it), the float inf after an fp16 overflow, None before the first step. Its dtype is
+        it), the float inf after a skipped step ([Note: non-finite gradients]), None before the
+        first step. Its dtype is
         DeepSpeed 0.19's: float64 from stage 3 with the optimizer on the device, float32
         otherwise. At stage 0 it is a float, as DeepSpeed's fp16/bf16 wrappers keep it (in
         fp32 DeepSpeed keeps no norm there and returns None; zerolite has one)."""
         norm = self._global_grad_norm
         zc = self._config.zero_optimization
-        if norm is None or not math.isfinite(norm) or zc.stage == 0:
+        if norm is None or self._last_step_skipped or zc.stage == 0:
             return norm
         wide = zc.stage == 3 and zc.offload_optimizer is None
         return torch.tensor(norm, dtype=torch.float64 if wide else torch.float32,

@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from zerolite.config import (  # noqa: E402
     KEY_SUPPORT, OPTIMIZER_PARAMS, SCHEDULER_PARAMS, ActivationCheckpointingConfig, Bf16Config,
-    Fp16Config, SparseGradientsConfig, ZeroConfig, ZeroliteExtrasConfig, ZeroOptimizationConfig,
+    DataTypesConfig, Fp16Config, SparseGradientsConfig, ZeroConfig, ZeroliteExtrasConfig, ZeroOptimizationConfig,
 )
 from zerolite.config import batch as _batch  # noqa: E402
+from zerolite.config.support import SWITCHED_ON_REFUSED  # noqa: E402
 from zerolite.config import core as _core  # noqa: E402
 from zerolite.config import sections as _sections  # noqa: E402
 from zerolite.config._util import REQUIRED  # noqa: E402
@@ -109,7 +110,7 @@ JSON_TYPES = {"str": "string", "dict": "object", "list": "list", "None": "null",
               "OptimizerConfig": "object", "SchedulerConfig": "object", "Fp16Config": "object",
               "Bf16Config": "object", "ZeroOptimizationConfig": "object",
               "ActivationCheckpointingConfig": "object", "ZeroliteExtrasConfig": "object",
-              "SparseGradientsConfig": "object"}
+              "SparseGradientsConfig": "object", "DataTypesConfig": "object"}
 MONITOR_MEANING = {"enabled": "Write the monitor's output.",
                    "output_path": "Directory of the output.",
                    "job_name": "Sub-directory / run name."}
@@ -223,6 +224,11 @@ def top_rows() -> list[Row]:
         if name not in fields and name not in _core._TOP_MODELLED:
             rows.append(Row(name, "any", "", "DeepSpeed feature zerolite does not have; the "
                             "key loads without effect.", _status(name, IGNORED)))
+    for key, (when, why) in SWITCHED_ON_REFUSED.items():
+        if key.split(".")[0] in TOP_LEVEL_IGNORED and "." in key:
+            kind = {"true": "bool", "> 1": "int", "set": "object"}[when]
+            rows.append(Row(key, kind, "", f"Refused when switched on ({when}): {why}.",
+                            STATUS[REJECTED]))
     return rows
 
 
@@ -277,6 +283,8 @@ def sections() -> list[tuple[str, str, list[Row]]]:
         ("fp16", "float16 mixed precision with loss scaling.", section_rows("fp16", Fp16Config)),
         ("bf16", "bfloat16 mixed precision (legacy name `bfloat16`).",
          section_rows("bf16", Bf16Config)),
+        ("data_types", "Per-kind dtypes under fp16/bf16 (DeepSpeed >= 0.19).",
+         section_rows("data_types", DataTypesConfig)),
         ("zerolite", "zerolite's own block (`\"zerolite\": {...}`); DeepSpeed has no such "
          "keys. The watchdog keys can be overridden by environment variables (see "
          "[the watchdog](../watchdog.md)).", section_rows("zerolite", ZeroliteExtrasConfig)),

@@ -1186,6 +1186,129 @@ def param_persistence(tmp):
     return rec
 
 
+def nonfinite_gradient(tmp):
+    """A NaN in rank 0's first micro-batch of optimizer step 2 (of 4; accumulation 2, clip 1.0,
+    WarmupLR): per stage and precision, whether that step is applied or skipped, what the
+    counters, learning rate and grad norm say, and the parameters after."""
+    rec = {}
+    bf16 = {"bf16": {"enabled": True}}
+    cases = {"stage0_fp32": (0, {}, {}), "stage0_bf16": (0, {}, bf16),
+             "stage1_fp32": (1, {}, {}), "stage1_bf16": (1, {}, bf16),
+             "stage1_bf16_no_check": (1, {}, {"bf16": {"enabled": True,
+                                                       "check_grad_overflow": False}}),
+             "stage1_bf16_fp32_accumulation": (1, {}, {**bf16, "data_types": {
+                 "grad_accum_dtype": "fp32"}}),
+             "stage2_fp32": (2, {}, {}), "stage2_bf16": (2, {}, bf16),
+             "stage3_fp32": (3, {"stage3_param_persistence_threshold": 0}, {}),
+             "stage3_bf16": (3, {"stage3_param_persistence_threshold": 0}, bf16)}
+    for name, (stage, zero, extra) in cases.items():
+        model = mlp()
+        cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(),
+                     scheduler={"type": "WarmupLR", "params": {
+                         "warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 4,
+                         "warmup_type": "linear"}},
+                     zero_optimization={"stage": stage, **zero}, **extra)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        data = batches(8, 2)
+        if dist.get_rank() == 0:
+            x, y = data[2]
+            x = x.clone()
+            x[0, 0] = float("nan")
+            data[2] = (x, y)
+        cast = torch.bfloat16 if extra.get("bf16") else None
+        rec[name] = {"steps": train(engine, data, cast=cast), "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
+class BufferNet(nn.Module):
+    """The MLP with two float buffers its forward reads in fp32, as a rotary embedding reads
+    inv_freq: `offset` (built in fp32) and `keep` (built in bf16, listed for fp32 the way
+    transformers models list such buffers)."""
+
+    _keep_in_fp32_modules_strict = ["keep"]
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = mlp()
+        self.register_buffer("offset", torch.linspace(0.1, 0.9, OUT) / 3)
+        self.register_buffer("keep", (torch.linspace(1.0, 2.0, OUT) / 3).bfloat16())
+
+    def forward(self, x):
+        h = self.body(x)
+        return (h.float() * (1 + self.offset.float()) + self.keep.float()).to(h.dtype)
+
+
+def bf16_buffer_dtypes(tmp):
+    """bf16: which dtype the model's buffers train in (DeepSpeed >= 0.19 keeps a buffer's own
+    dtype and keeps the model's fp32-listed buffers in fp32), by default at stages 0, 2 and 3
+    and under zero.Init, with data_types.buffer_dtype, and with keep_in_fp32_modules."""
+    rec = {}
+    cases = {"stage0": (0, {}), "stage2": (2, {}), "stage3": (3, {}),
+             "stage2_buffer_dtype": (2, {"buffer_dtype": "bf16"}),
+             "stage2_buffer_dtype_keep": (2, {"buffer_dtype": "bf16",
+                                              "keep_in_fp32_modules": ["offset"]}),
+             "stage3_zero_init": (3, None)}
+    for name, (stage, data_types) in cases.items():
+        cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3), bf16={"enabled": True})
+        if data_types:
+            cfg["data_types"] = data_types
+        if data_types is None:
+            with deepspeed.zero.Init(config_dict_or_path=cfg):
+                model = BufferNet()
+        else:
+            model = BufferNet()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        rec[name] = {"buffers": {n: str(b.dtype) for n, b in engine.module.named_buffers()},
+                     "steps": [r["loss"] for r in train(engine, batches(4, 2),
+                                                        cast=torch.bfloat16)]}
+        del engine
+        gc.collect()
+    return rec
+
+
+def masters_after_bf16_load(tmp):
+    """bf16 at stages 1-3: save after 2 steps, load into a new engine (by default, with
+    zero_optimization.load_from_fp32_weights false, and with load_module_only), then 2 more
+    steps; whether each fp32 master holds a bf16 value after the load (masters rebuilt from
+    the 16-bit weights) or the saved fp32 one."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    rec = {}
+    data = batches(8, 2)
+    for stage in (1, 2, 3):
+        ckpt = os.path.join(tmp, f"ckpt{stage}")
+        cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3), bf16={"enabled": True})
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        train(engine, data[:4], cast=torch.bfloat16)
+        engine.save_checkpoint(ckpt, tag="t")
+        del engine
+        gc.collect()
+        for name, flag, module_only in (("default", True, False), ("bit16", False, False),
+                                        ("module_only", True, True)):
+            cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3),
+                         bf16={"enabled": True},
+                         zero_optimization={"stage": stage, "load_from_fp32_weights": flag})
+            model = mlp(seed=1)
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                              config=cfg)
+            engine.load_checkpoint(ckpt, tag="t", load_module_only=module_only)
+            masters = [safe_get_full_fp32_param(p) for p in engine.module.parameters()]
+            rec[f"stage{stage}_{name}"] = {
+                "masters_are_bf16_values": all(
+                    bool(torch.equal(m, m.bfloat16().float())) for m in masters),
+                "steps": [r["loss"] for r in train(engine, data[4:], cast=torch.bfloat16)]}
+            del engine
+            gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1203,7 +1326,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              backward_options, zero_communication_flags, program_built_deepspeed_schedules,
              comm_surface, argument_parser, optimizer_state_write,
              zero_init_dtype_and_disabled_gather, bf16_offload_and_fp32_communication,
-             param_persistence]
+             param_persistence, nonfinite_gradient, bf16_buffer_dtypes,
+             masters_after_bf16_load]
 
 
 def main():

@@ -163,7 +163,8 @@ def load_checkpoint(engine, load_dir, *, tag=None, load_module_strict=True,
     try:
         with torch.no_grad():
             _load_tensors(engine, files, plans,
-                          optim=load_optimizer_states and not load_module_only)
+                          optim=load_optimizer_states and not load_module_only,
+                          masters_from_16bit=_masters_from_16bit(engine, load_module_only))
             bufs = files.buffers()
             for name, buf in persistent_buffers(engine.module).items():
                 if name in bufs and bufs[name].shape == buf.shape:
@@ -245,7 +246,22 @@ def _check_optimizer(engine, meta, want: bool, ckpt: str) -> None:
             f"{len(have)}; pass load_optimizer_states=False to load weights only")
 
 
-def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
+def _masters_from_16bit(engine, load_module_only: bool) -> bool:
+    """Do the fp32 masters take the 16-bit weights' values on this load, as DeepSpeed's do?
+
+    [Note: masters from 16-bit weights] At stages 1-2 in fp16/bf16 DeepSpeed rebuilds its fp32
+    masters from the 16-bit weights when zero_optimization.load_from_fp32_weights is false
+    (its documented meaning) and with load_module_only (the module file holds the 16-bit
+    weights); the saved fp32 values are used otherwise, and always at stage 3 (its stage-3
+    load restores the fp32 partitions whatever the flag says). zerolite does the same, so a
+    resumed run continues from the values DeepSpeed's would."""
+    zc = engine.zerolite_config.zero_optimization
+    return (zc.stage in (1, 2) and engine.sharded.compute_dtype != torch.float32
+            and (load_module_only or not zc.load_from_fp32_weights))
+
+
+def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool,
+                  masters_from_16bit: bool = False) -> None:
     opt = engine.basic_optimizer
     state_meta = (files.meta.get("optimizer") or {}).get("state", {})
     for flat, pieces in zip(engine.sharded.flats, plans):
@@ -257,6 +273,8 @@ def _load_tensors(engine, files: CheckpointFiles, plans, optim: bool) -> None:
             dst = torch.empty(flat.shard_numel, dtype=flat.master.dtype if flat.master is not None
                               else flat.compute_dtype, device=flat.device)
         _fill(files, flat, pieces, "param", dst)
+        if masters_from_16bit and flat.master is not None and dst.dtype != flat.compute_dtype:
+            dst.copy_(dst.to(flat.compute_dtype))
         if swapped and flat.master is not None:
             flat.write_master(dst)
         elif swapped:

@@ -36,6 +36,21 @@ def show(value: Any) -> str:
     return f"{text} ({kind})"
 
 
+DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16",
+               "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfp16": "bf16",
+               "bfloat16": "bf16"}
+"""DeepSpeed's spellings of the floating dtypes a config may name -> zerolite's short name."""
+
+
+def check_dtype_name(path: str, v: Any, *, none_ok: bool = True) -> str | None:
+    """One of DTYPE_NAMES (any case) -> "fp32" / "fp16" / "bf16"; None passes if `none_ok`."""
+    if v is None and none_ok:
+        return None
+    if not isinstance(v, str) or v.strip().lower() not in DTYPE_NAMES:
+        fail(path, v, "one of 'fp32', 'fp16', 'bf16'" + (" (or null)" if none_ok else ""))
+    return DTYPE_NAMES[v.strip().lower()]
+
+
 def fail(path: str, value: Any, expected: str) -> NoReturn:
     raise ZeroliteConfigError(f"{path}: got {show(value)}; expected {expected}")
 

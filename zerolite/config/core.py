@@ -15,32 +15,30 @@ from typing import Any
 from zerolite.errors import ZeroliteConfigError
 
 from ._util import (
-    ParseContext, check_bool, check_float, check_int, check_object, fail, fail_msg, is_auto,
+    ParseContext, check_bool, check_dtype_name, check_float, check_int, check_object, fail,
+    fail_msg, is_auto,
     logger, show, to_jsonable,
 )
 from .batch import BATCH_KEYS, derive_batch
 from .optim import OptimizerConfig, SchedulerConfig
 from .sections import (
-    ActivationCheckpointingConfig, Bf16Config, Fp16Config, ZeroliteExtrasConfig,
+    ActivationCheckpointingConfig, Bf16Config, DataTypesConfig, Fp16Config, ZeroliteExtrasConfig,
     ZeroOptimizationConfig, parse_monitor,
 )
-from .support import TOP_LEVEL_IGNORED
+from .support import TOP_LEVEL_IGNORED, refuse_switched_on
 
 
 class ZeroliteConfigWarning(UserWarning):
     """Config keys zerolite does not recognise (likely typos)."""
 
 
-_COMM_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16",
-                "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfp16": "bf16",
-                "bfloat16": "bf16"}
 
 _TOP_MODELLED = frozenset(BATCH_KEYS) | {
     "optimizer", "scheduler", "fp16", "bf16", "bfloat16", "amp", "gradient_clipping",
     "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "zero_optimization",
     "activation_checkpointing", "zerolite", "csv_monitor", "tensorboard",
-    "managed_gradient_accumulation", "zero_allow_untested_optimizer",
+    "managed_gradient_accumulation", "zero_allow_untested_optimizer", "data_types",
     "zero_force_ds_cpu_optimizer"}
 
 
@@ -89,6 +87,8 @@ class ZeroConfig:
     or DeepSpeedCPULion (false: accept it, as DeepSpeed)."""
     zero_optimization: ZeroOptimizationConfig = field(default_factory=ZeroOptimizationConfig)
     """ZeRO stage and its knobs."""
+    data_types: DataTypesConfig = field(default_factory=DataTypesConfig)
+    """Gradient-accumulation, parameter and buffer dtypes under fp16/bf16."""
     activation_checkpointing: ActivationCheckpointingConfig = field(
         default_factory=ActivationCheckpointingConfig)
     """DeepSpeed activation checkpointing options (accepted, not acted on)."""
@@ -108,15 +108,17 @@ class ZeroConfig:
         self.world_size = check_int("world_size", self.world_size, gt=0)
         if self.fp16.enabled and self.bf16.enabled:
             fail_msg("fp16.enabled/bf16.enabled", "both are true; enable at most one of them")
+        mode = "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else None
+        if self.data_types.param_dtype not in (None, mode):
+            fail_msg("data_types.param_dtype",
+                     f"{self.data_types.param_dtype!r} conflicts with the training dtype "
+                     f"({mode or 'fp32'}: fp16/bf16 'enabled'); set it to match or omit it")
         self.gradient_clipping = check_float("gradient_clipping", self.gradient_clipping, ge=0)
         self.prescale_gradients = check_bool("prescale_gradients", self.prescale_gradients)
         self.gradient_predivide_factor = check_float("gradient_predivide_factor",
                                                      self.gradient_predivide_factor, gt=0)
-        cdt = self.communication_data_type
-        if cdt is not None:
-            if not isinstance(cdt, str) or cdt.strip().lower() not in _COMM_DTYPES:
-                fail("communication_data_type", cdt, "one of 'fp32', 'fp16', 'bf16' (or null)")
-            self.communication_data_type = _COMM_DTYPES[cdt.strip().lower()]
+        self.communication_data_type = check_dtype_name("communication_data_type",
+                                                        self.communication_data_type)
         self.steps_per_print = check_int("steps_per_print", self.steps_per_print, gt=0)
         self.wall_clock_breakdown = check_bool("wall_clock_breakdown", self.wall_clock_breakdown)
         self.dataloader_drop_last = check_bool("dataloader_drop_last", self.dataloader_drop_last)
@@ -211,6 +213,7 @@ class ZeroConfig:
 
     @classmethod
     def _build(cls, raw: dict, world_size: int, ctx: ParseContext) -> "ZeroConfig":
+        refuse_switched_on(raw)
         train, micro, gas = derive_batch(raw, world_size)
         if "bf16" in raw and "bfloat16" in raw:
             fail_msg("bf16", "given twice (as 'bf16' and legacy 'bfloat16'); keep 'bf16'")
@@ -248,6 +251,7 @@ class ZeroConfig:
             bf16=Bf16Config.from_dict(bf16_raw, ctx),
             gradient_clipping=clip, **scalars,
             zero_optimization=_zero_section(raw.get("zero_optimization"), ctx),
+            data_types=DataTypesConfig.from_dict(raw.get("data_types"), ctx),
             activation_checkpointing=ActivationCheckpointingConfig.from_dict(
                 raw.get("activation_checkpointing"), ctx),
             zerolite=ZeroliteExtrasConfig.from_dict(raw.get("zerolite"), ctx),

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ._util import (
-    ParseContext, Section, check_bool, check_float, check_int, check_object, check_str, fail,
-    fail_msg, join, logger,
+    ParseContext, Section, check_bool, check_dtype_name, check_float, check_int, check_object,
+    check_str, fail, fail_msg, join, logger,
 )
 from .offload import OffloadOptimizerConfig, OffloadParamConfig
 from .zero_blocks import DEFAULT_LEAF_MODULE_CLASSES, parse_leaf_module, parse_offload  # noqa: F401
@@ -57,7 +57,8 @@ class Fp16Config(Section):
     min_loss_scale: float = 1.0
     """Lower bound of the dynamic loss scale."""
     fp16_master_weights_and_grads: bool = deepspeed_only(False)
-    """DeepSpeed-only (stage 2 + CPU offload) option; accepted and ignored by zerolite."""
+    """DeepSpeed's fp16 masters (stage 2 + CPU offload); true is refused (support.py,
+    [Note: refused when switched on])."""
 
     @classmethod
     def _auto_rules(cls, ctx):
@@ -85,8 +86,7 @@ class Bf16Config(Section):
     (DeepSpeed >= 0.18's keys) bf16 master weights, gradient shards and optimizer states."""
 
     _PATH: ClassVar[str] = "bf16"
-    _EXTRA_KNOWN: ClassVar[frozenset] = frozenset({"immediate_grad_update",
-                                                   "check_grad_overflow"})
+    _EXTRA_KNOWN: ClassVar[frozenset] = frozenset({"immediate_grad_update"})
 
     enabled: bool = False
     """Train with bfloat16 compute weights."""
@@ -98,6 +98,10 @@ class Bf16Config(Section):
     bf16_optimizer_states: bool = False
     """Keep the optimizer states (Adam's exp_avg / exp_avg_sq) in bf16 too; needs
     bf16_master_weights_and_grads."""
+    check_grad_overflow: bool = True
+    """Skip the optimizer step when the gradient norm is inf or NaN. As in DeepSpeed it
+    matters at stages 1-2 only: stage 0 and stage 3 in bf16 always skip such a step
+    (engine.py, [Note: non-finite gradients])."""
 
     @classmethod
     def _auto_rules(cls, ctx):
@@ -110,6 +114,41 @@ class Bf16Config(Section):
                                                         self.bf16_master_weights_and_grads)
         self.bf16_optimizer_states = check_bool(f"{p}.bf16_optimizer_states",
                                                 self.bf16_optimizer_states)
+        self.check_grad_overflow = check_bool(f"{p}.check_grad_overflow",
+                                              self.check_grad_overflow)
+
+
+@dataclass
+class DataTypesConfig(Section):
+    """``data_types``: DeepSpeed's per-kind dtypes under fp16/bf16 training."""
+
+    _PATH: ClassVar[str] = "data_types"
+    _AUTO_DEFAULT: ClassVar[frozenset] = frozenset({"keep_in_fp32_modules"})
+
+    grad_accum_dtype: str | None = None
+    """dtype gradients accumulate in ("fp32", "bf16", "fp16"; null = the training dtype).
+    zerolite accumulates in fp32 at stages 1-3 either way; it decides, as in DeepSpeed, which
+    optimizer a bf16 stage-1 run gets and so whether a non-finite step is skipped."""
+    param_dtype: str | None = None
+    """The parameters' dtype; must be the one fp16/bf16 enables (null = that one)."""
+    buffer_dtype: str | None = None
+    """dtype the model's floating-point buffers are cast to; null keeps each buffer's own
+    (DeepSpeed >= 0.19: only parameters take the training dtype)."""
+    keep_in_fp32_modules: Any = "auto"
+    """Buffers kept in fp32 under fp16/bf16: "auto" = the names the model's
+    `_keep_in_fp32_modules_strict` (and, under fp16, `_keep_in_fp32_modules`) list, as
+    transformers does; or a list of name patterns (`*` = anything, matched anywhere in the
+    buffer's full name); [] keeps none."""
+
+    def __post_init__(self):
+        p = self._PATH
+        self.grad_accum_dtype = check_dtype_name(f"{p}.grad_accum_dtype", self.grad_accum_dtype)
+        self.param_dtype = check_dtype_name(f"{p}.param_dtype", self.param_dtype)
+        self.buffer_dtype = check_dtype_name(f"{p}.buffer_dtype", self.buffer_dtype)
+        keep = self.keep_in_fp32_modules
+        if keep != "auto" and not (isinstance(keep, list)
+                                   and all(isinstance(n, str) for n in keep)):
+            fail(f"{p}.keep_in_fp32_modules", keep, '"auto" or a list of name patterns')
 
 
 @dataclass
@@ -133,7 +172,8 @@ class ZeroOptimizationConfig(Section):
     _EXTRA_KNOWN: ClassVar[frozenset] = frozenset(
         {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "allgather_size",
          "compute_grad_norm", "allgather_sequential", "parameter_alignment",
-         "enable_sanity_checks", "zenflow", "save_muon_momentum_buffer_in_memory"})
+         "enable_sanity_checks", "zenflow", "zeropp_loco_param",
+         "save_muon_momentum_buffer_in_memory"})
     _AUTO_DEFAULT: ClassVar[frozenset] = frozenset(
         {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "allgather_bucket_size",
          "overlap_comm", "sub_group_size", "stage3_max_live_parameters",
@@ -156,8 +196,10 @@ class ZeroOptimizationConfig(Section):
     """Stage 1/2: elements all-gathered at a time."""
     overlap_comm: bool | None = deepspeed_only(None)
     """Overlap gradient reduction with backward; defaults to True at stage 3, else False."""
-    load_from_fp32_weights: bool = deepspeed_only(True)
-    """Initialise master weights from fp32 checkpoint copies."""
+    load_from_fp32_weights: bool = True
+    """Stages 1-2 in fp16/bf16: on load, the fp32 masters take the saved fp32 values (true)
+    or the 16-bit weights' (false), as in DeepSpeed (checkpoint/load.py,
+    [Note: masters from 16-bit weights])."""
     elastic_checkpoint: bool = deepspeed_only(False)
     """Load checkpoints saved at another world size (DeepSpeed: no longer supported)."""
     offload_param: OffloadParamConfig | None = None
@@ -197,7 +239,8 @@ class ZeroOptimizationConfig(Section):
     zero_quantized_weights: bool = False
     """ZeRO++: quantize weights for the parameter all-gather."""
     zero_quantized_nontrainable_weights: bool = deepspeed_only(False)
-    """ZeRO++: store frozen weights quantized."""
+    """ZeRO++: store frozen weights quantized; true is refused (support.py,
+    [Note: refused when switched on])."""
     zero_quantized_gradients: bool = False
     """ZeRO++: quantize gradients for the reduce-scatter."""
     mics_shard_size: int = deepspeed_only(-1)

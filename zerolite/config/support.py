@@ -11,15 +11,45 @@ import dataclasses
 from typing import Any
 
 from .sections import (
-    ActivationCheckpointingConfig, Bf16Config, Fp16Config, SparseGradientsConfig,
+    ActivationCheckpointingConfig, Bf16Config, DataTypesConfig, Fp16Config, SparseGradientsConfig,
     ZeroliteExtrasConfig, ZeroOptimizationConfig, is_deepspeed_only,
 )
 
 HONOURED, IGNORED, REJECTED = "honoured", "accepted-ignored", "rejected"
 
+_REMOVED = "DeepSpeed 0.19 removed it and refuses the block"
+SWITCHED_ON_REFUSED: dict[str, tuple[str, str]] = {
+    "torch_autocast.enabled": ("true", "DeepSpeed's torch_autocast mode (the forward under "
+                               "torch.autocast over fp32 parameters) is not implemented; use "
+                               "bf16 or fp16"),
+    "data_efficiency.enabled": ("true", "DeepSpeed's data-efficiency library (curriculum "
+                                "sampling, random-LTD) is not implemented"),
+    "tensor_parallel.autotp_size": ("> 1", "tensor parallelism is not implemented (zerolite "
+                                    "is ZeRO data parallelism only)"),
+    "sequence_parallel_size": ("> 1", "sequence parallelism is not implemented (zerolite is "
+                               "ZeRO data parallelism only)"),
+    "zero_optimization.zero_quantized_nontrainable_weights": (
+        "true", "int8 storage of frozen weights is not implemented"),
+    "zero_optimization.zenflow": ("set", "ZenFlow's selective gradient updates are not "
+                                  "implemented"),
+    "zero_optimization.zeropp_loco_param": ("set", f"LoCo error feedback: {_REMOVED}"),
+    "fp16.fp16_master_weights_and_grads": ("true", "fp16 master weights are not implemented "
+                                           "(bf16.bf16_master_weights_and_grads is)"),
+    "curriculum_learning.enabled": ("true", f"legacy curriculum learning: {_REMOVED}"),
+    "progressive_layer_drop.enabled": ("true", f"progressive layer drop: {_REMOVED}"),
+    "quantize_training.enabled": ("true", f"Mixture-of-Quantization: {_REMOVED}"),
+    "elasticity.enabled": ("true", f"elastic training: {_REMOVED}; set the batch sizes "
+                           "directly"),
+}
+"""[Note: refused when switched on] Keys of DeepSpeed features that change what is trained
+(the data, the model's forward, the precision, the parallel layout) and that zerolite does not
+implement: loading fails, naming the key, when one is switched on ("true": the value is
+true; "> 1": a number above 1; "set": any value but null), so a program never trains
+differently in silence. Switched off, their blocks load without effect."""
+
 TOP_LEVEL_IGNORED = (
     "sparse_gradients", "memory_breakdown", "flops_profiler", "comms_logger", "wandb", "comet",
-    "aio", "checkpoint", "data_types", "elasticity", "autotuning", "compression_training",
+    "aio", "checkpoint", "elasticity", "autotuning", "compression_training",
     "data_efficiency", "curriculum_learning", "pipeline", "sparse_attention", "nebula", "eigenvalue",
     "progressive_layer_drop", "quantize_training", "disable_allgather",
     "seq_parallel_communication_data_type", "graph_harvesting", "dump_state",
@@ -36,7 +66,7 @@ _HONOURED_TOP = (
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "communication_data_type",
     "prescale_gradients", "gradient_predivide_factor", "zero_optimization", "zerolite",
     "csv_monitor", "tensorboard", "checkpoint.tag_validation", "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer",
+    "zero_force_ds_cpu_optimizer", "data_types",
 )
 # Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
 # by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size.
@@ -63,6 +93,10 @@ def _build() -> dict[str, str]:
     for key in zero._EXTRA_KNOWN:
         table[f"zero_optimization.{key}"] = IGNORED
     table["zero_optimization.mics_shard_size"] = REJECTED
+    for key in SWITCHED_ON_REFUSED:
+        table[key] = REJECTED
+    for f in dataclasses.fields(DataTypesConfig):
+        table[f"data_types.{f.name}"] = HONOURED
     for f in dataclasses.fields(ActivationCheckpointingConfig):
         table[f"activation_checkpointing.{f.name}"] = IGNORED
     for f in dataclasses.fields(ZeroliteExtrasConfig):
@@ -117,3 +151,20 @@ def accepted_ignored_keys(cfg) -> list[str]:
                 if KEY_SUPPORT.get(dotted) == IGNORED and not _inert(dotted, subval):
                     out.append(f"{key}.{sub}")
     return out
+
+
+def refuse_switched_on(raw: dict) -> None:
+    """Raise, naming the key, if `raw` switches on a feature of SWITCHED_ON_REFUSED."""
+    from ._util import fail
+
+    for key, (when, why) in SWITCHED_ON_REFUSED.items():
+        node: Any = raw
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None or node is False:
+            continue
+        on = {"true": node is True, "> 1": isinstance(node, (int, float))
+              and not isinstance(node, bool) and node > 1, "set": True}[when]
+        if on:
+            expected = {"true": "false", "> 1": "at most 1", "set": "null"}[when]
+            fail(key, node, f"{expected} ({why})")

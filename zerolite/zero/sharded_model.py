@@ -182,7 +182,6 @@ class ShardedModel:
             if not p.is_floating_point():
                 raise ZeroliteConfigError(f"parameter {names[p][0]!r} has dtype {p.dtype}; "
                                           "zerolite shards floating-point parameters only")
-        self._cast_buffers(module, compute_dtype)
         self.pool = BufferPool()
         per_unit: list[list[nn.Parameter]] = [
             [] for _ in range(len(unit_modules) + 1 + (persistent_index is not None))]
@@ -225,13 +224,6 @@ class ShardedModel:
             p.ds_param_type = ZeroParamType.PARTITIONED
             p.ds_persist = unit.persistent
             p.ds_tensor = flat.local_piece(i)
-
-    @staticmethod
-    def _cast_buffers(module: nn.Module, dtype: torch.dtype) -> None:
-        for sub in module.modules():
-            for key, buf in sub._buffers.items():
-                if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
-                    sub._buffers[key] = buf.to(dtype)
 
     def _build_flats(self, per_unit, names, group_of) -> list[list[FlatParam]]:
         """Every unit's flats: the params bucketed by (group, requires_grad), each flat placed
