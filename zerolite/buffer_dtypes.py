@@ -17,6 +17,8 @@ import re
 import torch
 import torch.nn as nn
 
+from zerolite.config import TORCH_DTYPES
+
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -48,9 +50,7 @@ def set_buffer_dtypes(module: nn.Module, training_dtype: torch.dtype, data_types
     if training_dtype not in (torch.float16, torch.bfloat16):
         return
     pattern = fp32_buffer_pattern(module, data_types.keep_in_fp32_modules, training_dtype)
-    cast_to = None if data_types.buffer_dtype is None else \
-        {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[
-            data_types.buffer_dtype]
+    cast_to = None if data_types.buffer_dtype is None else TORCH_DTYPES[data_types.buffer_dtype]
     for prefix, sub in module.named_modules():
         for name, buf in sub.named_buffers(recurse=False):
             if buf is None or buf.dtype not in _FLOATING:

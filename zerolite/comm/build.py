@@ -1,14 +1,12 @@
 """Pick the gradient reducer and parameter gatherer a config asks for."""
 from __future__ import annotations
 
-import torch
-
 from zerolite.comm.quantized import QuantizedGradReducer, QuantizedParamGatherer
 from zerolite.comm.reducers import GradReducer, ParamGatherer
 from zerolite.comm.sparse import SparseGradReducer
 from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
+from zerolite.config import TORCH_DTYPES
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def build_grad_reducer(config, world_size: int, layer=None, wire=None):
@@ -29,7 +27,8 @@ def _grad_reducer(config, world_size: int, wire) -> GradReducer:
         return QuantizedGradReducer(world_size, bits=extras.quantized_gradients_bits,
                                     block_size=extras.quantized_block_size,
                                     error_feedback=extras.quantized_error_feedback, wire=wire)
-    comm_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else None
+    comm_dtype = TORCH_DTYPES[config.communication_data_type] \
+        if config.communication_data_type else None
     predivide = config.gradient_predivide_factor if config.prescale_gradients else 1.0
     sparse = config.zerolite.sparse_gradients
     if sparse is not None:

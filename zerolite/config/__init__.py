@@ -9,6 +9,7 @@ the JSON path, the bad value and what is expected. Unknown keys produce one warn
 
 from zerolite.errors import ZeroliteConfigError
 
+from ._util import TORCH_DTYPES
 from .batch import derive_batch
 from .core import (
     ZeroConfig, ZeroliteConfigWarning, add_config_arguments, load_config, read_json,
@@ -21,9 +22,10 @@ from .sections import (
 from .support import KEY_SUPPORT, accepted_ignored_keys
 
 __all__ = [
-    "KEY_SUPPORT", "OPTIMIZER_PARAMS", "SCHEDULER_PARAMS", "ActivationCheckpointingConfig",
-    "Bf16Config", "DataTypesConfig", "Fp16Config", "OptimizerConfig", "SchedulerConfig",
-    "SparseGradientsConfig", "ZeroConfig", "ZeroOptimizationConfig", "ZeroliteConfigError",
-    "ZeroliteConfigWarning", "ZeroliteExtrasConfig", "accepted_ignored_keys",
-    "add_config_arguments", "derive_batch", "load_config", "read_json",
+    "KEY_SUPPORT", "OPTIMIZER_PARAMS", "SCHEDULER_PARAMS", "TORCH_DTYPES",
+    "ActivationCheckpointingConfig", "Bf16Config", "DataTypesConfig", "Fp16Config",
+    "OptimizerConfig", "SchedulerConfig", "SparseGradientsConfig", "ZeroConfig",
+    "ZeroOptimizationConfig", "ZeroliteConfigError", "ZeroliteConfigWarning",
+    "ZeroliteExtrasConfig", "accepted_ignored_keys", "add_config_arguments", "derive_batch",
+    "load_config", "read_json",
 ]

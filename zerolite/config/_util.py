@@ -11,6 +11,8 @@ import logging
 import math
 from typing import Any, ClassVar, NoReturn
 
+import torch
+
 from zerolite.errors import ZeroliteConfigError
 
 logger = logging.getLogger("zerolite")
@@ -40,6 +42,8 @@ DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16
                "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfp16": "bf16",
                "bfloat16": "bf16"}
 """DeepSpeed's spellings of the floating dtypes a config may name -> zerolite's short name."""
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+"""zerolite's short dtype name (what the config holds) -> the torch dtype."""
 
 
 def check_dtype_name(path: str, v: Any, *, none_ok: bool = True) -> str | None:
