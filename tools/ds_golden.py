@@ -42,11 +42,15 @@ def record(python: str, pythonpath: str | None, out: str) -> dict:
             ranks.append(json.load(f))
     if not ranks[0].get("deepspeed_version", "").startswith("0.19"):
         sys.exit(f"ds_golden: expected DeepSpeed 0.19.x, got {ranks[0].get('deepspeed_version')}")
+    # cpu_fp16: DeepSpeed's CPU accelerator check (mkldnn fp16, e.g. AVX512-FP16), on which
+    # zero.Init's explicit dtype depends (test_ds_conformance.py, ZERO_INIT_DTYPE).
     versions = subprocess.run(
-        [python, "-c", "import torch, sys; print(torch.__version__, sys.version.split()[0])"],
+        [python, "-c", "import torch, sys; print(torch.__version__, sys.version.split()[0], "
+         "bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()))"],
         env=env, capture_output=True, text=True).stdout.split()
     return {"recorded_with": {"deepspeed": ranks[0]["deepspeed_version"], "torch": versions[0],
-                              "python": versions[1], "machine": platform.machine(),
+                              "python": versions[1], "cpu_fp16": versions[2] == "True",
+                              "machine": platform.machine(),
                               "accelerator": "cpu (DS_ACCELERATOR=cpu), gloo", "world": WORLD},
             "ranks": ranks}
 
