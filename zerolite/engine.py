@@ -419,6 +419,9 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
     @torch.no_grad()
     def _apply_update(self) -> None:
         self.sharded.reduce_deferred_grads()
+        cfg = self._config
+        if cfg.zero_optimization.stage > 0 or cfg.precision_dtype != torch.float32:
+            self.sharded.zero_missing_grads()  # DeepSpeed's ZeRO and fp16/bf16 optimizers
         self.sharded.settle_host_copies()  # the host step reads what the copies wrote
         masters = [f.master for f in self.sharded.flats if f.master is not None]
         grads = [m.grad for m in masters if m.grad is not None]

@@ -1309,6 +1309,69 @@ def masters_after_bf16_load(tmp):
     return rec
 
 
+class SometimesNet(nn.Module):
+    """The MLP plus a layer it never uses and a branch it uses on every other call."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = mlp()
+        self.spare = nn.Linear(IN, OUT)
+        self.branch = nn.Linear(IN, OUT)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.body(x)
+        return out + self.branch(x) if self.calls % 2 else out
+
+
+def unused_parameters(tmp):
+    """AdamW (weight decay 0.1), accumulation 2, clip 1.0 at stages 0-3: a layer that never gets
+    a gradient and one that gets it in one micro-batch of each step. DeepSpeed's ZeRO
+    optimizers treat a missing gradient as zeros (decay and moments still move the layer);
+    the torch optimizer at stage 0 skips it."""
+    rec = {}
+    for stage in (0, 1, 2, 3):
+        model = SometimesNet()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(stage, gas=2, clip=1.0,
+                                                        optimizer=adamw(wd=0.1)))
+        rows = train(engine, batches(6, 2))
+        rec[f"stage{stage}"] = {"losses": [r["loss"] for r in rows],
+                                "grad_norms": [r["grad_norm"] for r in rows],
+                                "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
+def requires_grad_changed_after_initialize(tmp):
+    """AdamW (weight decay 0.1), accumulation 2 at stages 0-3 (and in bf16 at stages 0 and
+    2): after 2 optimizer steps the
+    program freezes the first layer (requires_grad_(False)) and unfreezes the last, which it
+    had frozen and left out of model_parameters before initialize; 2 more steps."""
+    rec = {}
+    for stage, bf16 in ((0, False), (1, False), (2, False), (3, False), (0, True), (2, True)):
+        model = mlp()
+        model[5].requires_grad_(False)
+        extra = {"bf16": {"enabled": True}} if bf16 else {}
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=config(stage, gas=2, optimizer=adamw(wd=0.1), **extra))
+        data = batches(8, 2)
+        cast = torch.bfloat16 if bf16 else None
+        rows = train(engine, data[:4], cast=cast)
+        engine.module[0].requires_grad_(False)
+        engine.module[5].requires_grad_(True)
+        rows += train(engine, data[4:], cast=cast)
+        rec[f"{'bf16_' if bf16 else ''}stage{stage}"] = {"losses": [r["loss"] for r in rows],
+                                                        "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1327,7 +1390,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              comm_surface, argument_parser, optimizer_state_write,
              zero_init_dtype_and_disabled_gather, bf16_offload_and_fp32_communication,
              param_persistence, nonfinite_gradient, bf16_buffer_dtypes,
-             masters_after_bf16_load]
+             masters_after_bf16_load, unused_parameters,
+             requires_grad_changed_after_initialize]
 
 
 def main():

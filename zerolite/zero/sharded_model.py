@@ -443,6 +443,20 @@ class ShardedModel:
         if self.grad_sync.reduce_at_optimizer_step:
             self.reduction.drain(self.units)
 
+    @torch.no_grad()
+    def zero_missing_grads(self) -> None:
+        """Before the optimizer step: give every optimized master that got no gradient in the
+        whole step (its parameters unused, or frozen after initialize) a zero one, as
+        DeepSpeed's ZeRO optimizers (stages 1-3) and its fp16/bf16 wrappers (stage 0) treat a
+        missing gradient as zeros, so weight decay and the moments still move it. The engine
+        skips it at stage 0 in fp32, where DeepSpeed's plain torch optimizer does not update
+        a parameter without a gradient."""
+        for unit in self.units:
+            for flat in unit.trainable_flats:
+                if flat.master is not None and flat.master.grad is None:
+                    flat.take_grad_shard(torch.zeros(flat.shard_numel, dtype=torch.float32,
+                                                     device=flat.device), unit.name)
+
     def reduce_pending_grads(self) -> None:
         """Reduce now every gradient still waiting in a full buffer (stage 1, or
         reduce_once_per_step between boundaries) and wait for host copies: the tensor-fragment
