@@ -1372,6 +1372,57 @@ def requires_grad_changed_after_initialize(tmp):
     return rec
 
 
+def program_changes_hyperparameters(tmp):
+    """AdamW from the config at stages 0-3: after 2 optimizer steps the program sets weight
+    decay, betas and eps in the groups of the optimizer initialize returned; 2 more steps."""
+    rec = {}
+    for stage in (0, 1, 2, 3):
+        model = mlp()
+        engine, optimizer, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(),
+            config=config(stage, gas=2, clip=1.0, optimizer=adamw(wd=0.1)))
+        data = batches(8, 2)
+        rows = train(engine, data[:4])
+        for group in optimizer.param_groups:
+            group["weight_decay"] = 0.5
+            group["betas"] = (0.5, 0.9)
+            group["eps"] = 1e-3
+        rows += train(engine, data[4:])
+        rec[f"stage{stage}"] = {"losses": [r["loss"] for r in rows], "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
+def step_without_backward(tmp):
+    """AdamW (weight decay 0.1), accumulation 2 at stages 0-3: after 2 optimizer steps the
+    program calls engine.step() for a whole accumulation window without any backward (a
+    skipped batch), then trains 2 more steps."""
+    rec = {}
+    for stage in (0, 1, 2, 3):
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(stage, gas=2, optimizer=adamw(wd=0.1)))
+        data = batches(8, 2)
+        rows = train(engine, data[:4])
+        empty = []
+        try:
+            for _ in range(2):
+                engine.step()
+                empty.append({"applied": engine.was_step_applied(), **counters(engine)})
+        except Exception as exc:  # recorded: the comparison shows it
+            rec[f"stage{stage}"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            del engine
+            gc.collect()
+            continue
+        rows += train(engine, data[4:])
+        rec[f"stage{stage}"] = {"losses": [r["loss"] for r in rows], "empty_steps": empty,
+                                "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1391,7 +1442,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              zero_init_dtype_and_disabled_gather, bf16_offload_and_fp32_communication,
              param_persistence, nonfinite_gradient, bf16_buffer_dtypes,
              masters_after_bf16_load, unused_parameters,
-             requires_grad_changed_after_initialize]
+             requires_grad_changed_after_initialize, program_changes_hyperparameters,
+             step_without_backward]
 
 
 def main():
