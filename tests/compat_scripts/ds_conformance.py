@@ -1423,6 +1423,33 @@ def step_without_backward(tmp):
     return rec
 
 
+def module_load_state_dict_after_initialize(tmp):
+    """Stages 0-2 in fp32 and bf16 (AdamW, accumulation 2): after 2 optimizer steps the program
+    writes other weights with engine.module.load_state_dict (no load_checkpoint); the next
+    forward, then 2 more steps. (DeepSpeed keeps separate master copies at stages 1-2 and in
+    bf16, which such a write does not reach.)"""
+    rec = {}
+    for stage, bf16 in ((0, False), (1, False), (2, False), (0, True), (2, True)):
+        model = mlp()
+        extra = {"bf16": {"enabled": True}} if bf16 else {}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(stage, gas=2, optimizer=adamw(wd=0.1),
+                                                        **extra))
+        cast = torch.bfloat16 if bf16 else None
+        data = batches(8, 2)
+        rows = train(engine, data[:4], cast=cast)
+        other = mlp(seed=5)
+        if bf16:
+            other = other.bfloat16()
+        engine.module.load_state_dict(other.state_dict())
+        rows += train(engine, data[4:], cast=cast)
+        rec[f"{'bf16_' if bf16 else ''}stage{stage}"] = {
+            "losses": [r["loss"] for r in rows], "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1443,7 +1470,7 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              param_persistence, nonfinite_gradient, bf16_buffer_dtypes,
              masters_after_bf16_load, unused_parameters,
              requires_grad_changed_after_initialize, program_changes_hyperparameters,
-             step_without_backward]
+             step_without_backward, module_load_state_dict_after_initialize]
 
 
 def main():
