@@ -521,9 +521,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         """The last step's gradient norm before clipping, as DeepSpeed's ZeRO and bf16
         optimizers leave it: a 0-dim tensor on the engine's device (programs call `.item()` on
         it), the float inf after a skipped step ([Note: non-finite gradients]), None before the
-        first step. Its dtype is
-        DeepSpeed 0.19's: float64 from stage 3 with the optimizer on the device, float32
-        otherwise. At stage 0 it is a float, as DeepSpeed's fp16/bf16 wrappers keep it (in
+        first step. Its dtype is DeepSpeed 0.19's: float64 from stage 3 with the optimizer on
+        the device, float32 otherwise. At stage 0 it is a float, as DeepSpeed's fp16/bf16 wrappers keep it (in
         fp32 DeepSpeed keeps no norm there and returns None; zerolite has one)."""
         norm = self._global_grad_norm
         zc = self._config.zero_optimization
