@@ -53,8 +53,8 @@ DIFFERENCES = {
     "trl_grpo.*.gathers[*]": "zerolite's own gather counter (None under DeepSpeed)",
 }
 EXPLAINED = Explanations(DIFFERENCES)
-CLIENTS = {"hf_trainer", "accelerate_mlp", "accelerate_schedule", "trl_sft", "trl_dpo",
-           "trl_grpo", "dschat_sft", "dschat_rlhf"}
+CLIENTS = {"hf_trainer", "accelerate_mlp", "accelerate_schedule", "trl_sft", "trl_sft_bf16",
+           "trl_dpo", "trl_grpo", "dschat_sft", "dschat_rlhf"}
 SEEN: dict[str, set[str]] = {}
 """Client -> the DIFFERENCES patterns its comparison used (filled as the tests run)."""
 
@@ -148,10 +148,14 @@ def trl_init(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("mode", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("mode", ["sft", "dpo", "grpo", "sft_bf16"])
 def test_trl(tmp_path, trl_init, mode):
-    args = [mode, "--init", str(trl_init), "--steps", "4", "--per_device", "2",
-            "--deepspeed", HF_CONFIG]
+    """sft_bf16: TrainingArguments(bf16=True) through the "auto" config; the model's fp32
+    rotary inv_freq buffer stays fp32 under both engines (buffer_dtypes.py)."""
+    args = [mode.removesuffix("_bf16"), "--init", str(trl_init), "--steps", "4",
+            "--per_device", "2", "--deepspeed", HF_CONFIG]
+    if mode.endswith("_bf16"):
+        args.append("--bf16")
     runs, _ = _side_by_side(f"trl_{mode}", os.path.join(SCRIPTS, "trl_tiny.py"), args,
                             tmp_path, _ranks("result_rank{}.json"))
     assert any("loss" in entry for entry in runs[False]["rank0"]["log"])

@@ -57,7 +57,7 @@ def common_args(a):
                 weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear", max_grad_norm=1.0,
                 logging_steps=1, save_strategy="no", report_to=[], seed=0,
                 train_sampling_strategy="sequential", dataloader_num_workers=0,
-                deepspeed=a.deepspeed, disable_tqdm=True, bf16=False,
+                deepspeed=a.deepspeed, disable_tqdm=True, bf16=a.bf16,
                 gradient_checkpointing=a.checkpointing, use_cpu=not torch.cuda.is_available())
 
 
@@ -121,6 +121,7 @@ def run_sft(a):
     samples = tok.batch_decode(out[:, prompts["input_ids"].shape[1]:], skip_special_tokens=True)
     return {"log": trainer.state.log_history, "before": before, "during": during,
             "after": param_facts(engine), "samples": samples,
+            "buffers": {n: str(b.dtype) for n, b in engine.module.named_buffers()},
             "checkpointing": trainer.model.is_gradient_checkpointing}
 
 
@@ -197,6 +198,7 @@ def main():
                    help="GRPO: ds3_gather_for_generation=False (generate through the hooks)")
     p.add_argument("--lora", action="store_true", help="SFT: PEFT LoRA adapters on a frozen model")
     p.add_argument("--checkpointing", action="store_true", help="gradient_checkpointing=True")
+    p.add_argument("--bf16", action="store_true", help="TrainingArguments(bf16=True)")
     p.add_argument("--local_rank", type=int, default=-1)
     a = p.parse_args()
     if a.make_init:
