@@ -1,8 +1,6 @@
 """A gradient with inf or NaN: which configurations skip the optimizer step, as DeepSpeed 0.19
 does (engine.py, [Note: non-finite gradients]; DeepSpeed itself is compared in
 test_ds_conformance.py, scenario nonfinite_gradient)."""
-import copy
-
 import pytest
 import torch
 

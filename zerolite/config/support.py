@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ._util import fail
 from .sections import (
     ActivationCheckpointingConfig, Bf16Config, DataTypesConfig, Fp16Config, SparseGradientsConfig,
     ZeroliteExtrasConfig, ZeroOptimizationConfig, is_deepspeed_only,
@@ -155,8 +156,6 @@ def accepted_ignored_keys(cfg) -> list[str]:
 
 def refuse_switched_on(raw: dict) -> None:
     """Raise, naming the key, if `raw` switches on a feature of SWITCHED_ON_REFUSED."""
-    from ._util import fail
-
     for key, (when, why) in SWITCHED_ON_REFUSED.items():
         node: Any = raw
         for part in key.split("."):
