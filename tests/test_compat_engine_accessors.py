@@ -88,10 +88,10 @@ it ships lower-cased, "auto" as resolved), whether or not zerolite acts on the k
 
 FEATURES_OFF = ("flops_profiler_enabled", "autotuning_enabled", "autotuning_profile_model_info",
                 "data_efficiency_enabled", "data_sampling_enabled", "curriculum_learning_enabled",
-                "random_ltd_enabled", "torch_autocast_enabled", "is_deepcompile_enabled",
-                "is_deepcompile_active", "is_sanity_checks_enabled")
+                "random_ltd_enabled", "is_deepcompile_enabled", "is_deepcompile_active",
+                "is_sanity_checks_enabled")
 FEATURE_BLOCKS = {"flops_profiler": {"enabled": True}, "autotuning": {"enabled": True},
-                  "data_efficiency": {"enabled": False}, "torch_autocast": {"enabled": False}}
+                  "data_efficiency": {"enabled": False}}
 """Config blocks of features zerolite does not build: they load, and the engine says off
 (those that would change training, switched on, are refused: test_config_honesty.py)."""
 

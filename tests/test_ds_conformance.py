@@ -62,6 +62,8 @@ DIFFERENCES = {
         "as stage0_fp32: None under DeepSpeed (no norm at stage 0 in fp32), a float here",
     "nonfinite_gradient.stage0_fp32.steps[*].grad_norm_type": "the same",
     "unused_parameters.stage0.grad_norms[*]": "the same",
+    "torch_autocast_mode.stage0_*.steps[*].grad_norm": "the same (torch_autocast is fp32)",
+    "torch_autocast_mode.stage0_*.steps[*].grad_norm_type": "the same",
     "step_without_backward.stage[123].*":
         "engine.step() for a whole accumulation window without a backward: DeepSpeed 0.19.8's "
         "ZeRO optimizers fail inside their gradient-norm code (TypeError); zerolite steps "

@@ -147,7 +147,7 @@ ENGINE_INTERNAL: list[tuple[str, str]] = [
     (r"random_ltd_scheduler", "random-LTD's scheduler (random_ltd_enabled() is False)"),
     (r"update_interval", "ZenFlow's update counter (ZenFlow is refused)"),
     (r"torch_autocast_z0_gradscaler",
-     "torch_autocast's grad scaler (torch_autocast_enabled() is False)"),
+     "torch_autocast's stage-0 GradScaler (zerolite's, at every stage: engine.amp_scaler)"),
     (r"mesh_device", "DeepSpeed's device mesh (sequence and tensor parallelism)"),
     (r"seq_parallel_group",
      "set by DeepSpeed only under sequence parallelism, which zerolite does not build (both "
@@ -190,8 +190,7 @@ ENGINE_NOTES: dict[str, str] = {
     **{name: _OFF for name in (
         "flops_profiler_enabled", "autotuning_enabled", "autotuning_profile_model_info",
         "data_efficiency_enabled", "data_sampling_enabled", "curriculum_learning_enabled",
-        "random_ltd_enabled", "torch_autocast_enabled", "is_deepcompile_enabled",
-        "is_sanity_checks_enabled")},
+        "random_ltd_enabled", "is_deepcompile_enabled", "is_sanity_checks_enabled")},
 }
 """Differences from DeepSpeed of names the engine provides."""
 

@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_leaves, tree_map
 
+from zerolite.autocast import TorchAutocast
 from zerolite.buffer_dtypes import set_buffer_dtypes
 from zerolite.comm.build import build_grad_reducer, build_param_gatherer
 from zerolite.comm.last_collective import RECORD as LAST, set_phase
@@ -30,7 +31,7 @@ from zerolite.offload.chunked_optimizer import ChunkedOffloadOptimizer
 from zerolite.offload.plan import build_plan
 from zerolite.optim.builder import ZeroOptimizerRules, build_optimizer, check_master_optimizer
 from zerolite.optim.grad_norm import clip_coefficient, global_grad_norm
-from zerolite.optim.loss_scaler import LossScaler
+from zerolite.optim.loss_scaler import AmpGradScaler, LossScaler
 from zerolite.optim.param_groups import param_groups
 from zerolite.optim.zero_optimizer import ZeroOptimizer
 from zerolite.zero.flat_placement import MasterHome
@@ -104,6 +105,9 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         self.device = default_device()  # cuda:LOCAL_RANK or cpu; inputs are the caller's to move
         place_module(model, self.device, slice_of=partition_info)
         set_buffer_dtypes(model, config.precision_dtype, config.data_types)
+        self.torch_autocast = TorchAutocast(config.torch_autocast, self.device)
+        """torch_autocast: the forward's autocast context and the gradients' reduction
+        dtypes (autocast.py, [Note: torch_autocast])."""
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device_layer = make_device_layer(self.device)
@@ -146,7 +150,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                                         secondary=hpz_group),
                                     device_layer=self.device_layer,
                                     plan=self.placement_plan, secondary=hpz_group,
-                                    master_dtype=config.master_dtype)
+                                    master_dtype=config.master_dtype,
+                                    comm_dtypes=self.torch_autocast.comm_dtypes(model, zc.stage))
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         bf16_masters = config.bf16.bf16_master_weights_and_grads
@@ -178,6 +183,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         # deepspeed.utils.safe_get_full_optimizer_state & co.
         self.fragments = TensorFragments(self.sharded, self.basic_optimizer)
         self.loss_scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
+        self.amp_scaler = AmpGradScaler() if self.torch_autocast.needs_grad_scaler else None
+        """torch_autocast in fp16: the GradScaler DeepSpeed adds ([Note: torch_autocast])."""
         self._skips_nonfinite = skips_nonfinite_steps(config)
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = self._build_dataloader(training_data, collate_fn)
@@ -239,7 +246,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         start = time.perf_counter()
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
             args, kwargs = tree_map(_to_half, (args, kwargs))
-        with self.sharded.forward_context():
+        with self.sharded.forward_context(), self.torch_autocast.forward_context():
             out = self.module(*args, **kwargs)
         self._arm_torch_style_backward(out)
         self._window.forward_s += time.perf_counter() - start
@@ -255,9 +262,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         # DeepSpeed returns the loss it backpropagated before the fp16 scale: divided by the
         # accumulation steps when scale_wrt_gas (programs log `engine.backward(loss)`).
         gas_scaled = loss / self.gradient_accumulation_steps() if scale_wrt_gas else loss
-        scaled = gas_scaled
-        if self.loss_scaler is not None:
-            scaled = scaled.float() * self.loss_scaler.loss_scale
+        scaled = self._scaled_loss(gas_scaled)
         set_phase("backward")
         start = time.perf_counter()
         self.sharded.set_accumulation_boundary(self.is_gradient_accumulation_boundary())
@@ -283,9 +288,16 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                                      f"grad_fn, got {type(loss).__name__} "
                                      f"{getattr(loss, 'shape', '')}")
         self._loss_scaled_by_user = True
-        if self.loss_scaler is None:
-            return loss
-        return loss.float() * self.loss_scaler.loss_scale
+        return self._scaled_loss(loss)
+
+    def _scaled_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss times the fp16 loss scale (in fp32, as DeepSpeed's loss scaler) or the
+        torch_autocast GradScaler's (in the loss's dtype, as torch's GradScaler.scale)."""
+        if self.loss_scaler is not None:
+            return loss.float() * self.loss_scaler.loss_scale
+        if self.amp_scaler is not None:
+            return loss * self.amp_scaler.loss_scale
+        return loss
 
     # [Note: loss.backward()] As in DeepSpeed >= 0.18, a program may call `loss.backward()`
     # (or `engine.scale(loss).backward()`) instead of `engine.backward(loss)`. The forward arms
@@ -308,7 +320,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
     def _begin_torch_style_backward(self, _grad) -> None:
         if self._in_engine_backward:
             return
-        if self.loss_scaler is not None and not self._loss_scaled_by_user:
+        scaled = self.loss_scaler is not None or self.amp_scaler is not None
+        if scaled and not self._loss_scaled_by_user:
             raise RuntimeError(
                 "loss.backward() under fp16: the loss must be scaled first; call "
                 "engine.scale(loss).backward() or engine.backward(loss)")
@@ -434,6 +447,20 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         if self.loss_scaler is not None:
             scale = self.loss_scaler.loss_scale
             self.loss_scaler.update_scale(overflow)
+        amp = self.amp_scaler
+        zero_stage = cfg.zero_optimization.stage
+        if amp is not None and zero_stage == 0:
+            # torch_autocast fp16 at stage 0: unscaled before clipping; the scaler drops a
+            # non-finite step, which DeepSpeed still counts as applied.
+            scale = amp.loss_scale
+            amp.update(found_inf=overflow)
+            if overflow:
+                self._global_grad_norm = float("inf")
+                for m in masters:
+                    m.grad = None
+                self.optimizer.overflow = self._last_step_skipped = False
+                self._step_applied = True
+                return
         skip = overflow and self._skips_nonfinite
         self.optimizer.overflow = self._last_step_skipped = skip
         if skip:
@@ -451,6 +478,12 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         if coef is not None:
             for g in grads:
                 g.mul_(coef)
+        if amp is not None and zero_stage > 0:
+            # torch_autocast fp16 at stages 1-3: norm and clipping above saw the scaled
+            # gradients (as DeepSpeed's ZeRO step does); GradScaler.step unscales them here.
+            for g in grads:
+                g.mul_(1.0 / amp.loss_scale)
+            amp.update(found_inf=False)
         self.basic_optimizer.step()
         for m in masters:
             m.grad = None

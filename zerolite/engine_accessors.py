@@ -3,7 +3,7 @@ Lightning read, as a mixin of ZeroEngine (kept out of engine.py so the training 
 small). Every accessor answers from the engine's own state or its resolved config (as
 DeepSpeed's does, also for keys zerolite accepts without acting on them); none is a constant
 stand-in. Queries about features zerolite does not build (the flops profiler, the autotuner,
-data efficiency, torch_autocast, deepcompile) answer False; whatever would use such a feature
+data efficiency, deepcompile) answer False; whatever would use such a feature
 is in REFUSED and raises DeepSpeedFeatureNotSupported naming it. docs/deepspeed_api.md
 classifies every public name of DeepSpeedEngine (tools/deepspeed_inventory.py)."""
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
+from zerolite.autocast import default_safe_module_names
 from zerolite.errors import (
     DeepSpeedFeatureNotSupported, ZeroliteConfigError, not_supported_message,
 )
@@ -25,7 +26,6 @@ _AUTOTUNER = "the autotuner"
 _COMPILE = "DeepCompile and its compile passes (engine.compile runs torch.compile without them)"
 _FLOPS = "the flops profiler"
 _TP = "tensor parallelism"
-_AUTOCAST = "DeepSpeed's torch_autocast mode; use bf16 or fp16"
 _MOVE_STATES = ("moving the engine's states off the device between steps; "
                 "zero_optimization.offload_optimizer / offload_param keep them on the host")
 
@@ -44,8 +44,6 @@ REFUSED: dict[str, str] = {
                                  "reshard on load",
     "offload_states": _MOVE_STATES,
     "reload_states": _MOVE_STATES,
-    "torch_autocast_dtype": _AUTOCAST,
-    "torch_autocast_lower_precision_safe_modules": _AUTOCAST,
     "use_node_local_storage": "node-local checkpoint storage",
     "zenflow_config": "ZenFlow, selective and stalled optimizer updates",
     "zero_save_muon_momentum_buffer_in_memory": "the Muon optimizer",
@@ -591,8 +589,16 @@ class DeepSpeedAccessors(RefusedEngineMethods):
         return False
 
     def torch_autocast_enabled(self) -> bool:
-        """False: zerolite trains in bf16/fp16 by its own casts, not under torch.autocast."""
-        return False
+        return self.torch_autocast.enabled
+
+    def torch_autocast_dtype(self) -> torch.dtype | None:
+        """torch_autocast.dtype as a torch dtype (None when the config names none)."""
+        return self.torch_autocast.dtype
+
+    def torch_autocast_lower_precision_safe_modules(self) -> list[str]:
+        """The configured class names, or DeepSpeed's defaults as "package.Class"."""
+        names = self.torch_autocast.module_names
+        return list(names) if names is not None else default_safe_module_names()
 
     def is_deepcompile_enabled(self) -> bool:
         """False: zerolite has no DeepCompile (engine.compile runs plain torch.compile)."""

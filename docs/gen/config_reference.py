@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from zerolite.config import (  # noqa: E402
     KEY_SUPPORT, OPTIMIZER_PARAMS, SCHEDULER_PARAMS, ActivationCheckpointingConfig, Bf16Config,
-    DataTypesConfig, Fp16Config, SparseGradientsConfig, ZeroConfig, ZeroliteExtrasConfig, ZeroOptimizationConfig,
+    DataTypesConfig, Fp16Config, SparseGradientsConfig, TorchAutocastConfig, ZeroConfig,
+    ZeroliteExtrasConfig, ZeroOptimizationConfig,
 )
 from zerolite.config import batch as _batch  # noqa: E402
 from zerolite.config.support import SWITCHED_ON_REFUSED  # noqa: E402
@@ -110,7 +111,8 @@ JSON_TYPES = {"str": "string", "dict": "object", "list": "list", "None": "null",
               "OptimizerConfig": "object", "SchedulerConfig": "object", "Fp16Config": "object",
               "Bf16Config": "object", "ZeroOptimizationConfig": "object",
               "ActivationCheckpointingConfig": "object", "ZeroliteExtrasConfig": "object",
-              "SparseGradientsConfig": "object", "DataTypesConfig": "object"}
+              "SparseGradientsConfig": "object", "DataTypesConfig": "object",
+              "TorchAutocastConfig": "object"}
 MONITOR_MEANING = {"enabled": "Write the monitor's output.",
                    "output_path": "Directory of the output.",
                    "job_name": "Sub-directory / run name."}
@@ -285,6 +287,9 @@ def sections() -> list[tuple[str, str, list[Row]]]:
          section_rows("bf16", Bf16Config)),
         ("data_types", "Per-kind dtypes under fp16/bf16 (DeepSpeed >= 0.19).",
          section_rows("data_types", DataTypesConfig)),
+        ("torch_autocast", "DeepSpeed's autocast mode: fp32 parameters, the forward under "
+         "`torch.autocast` (see [Migrating](../migrating.md#torch_autocast)).",
+         section_rows("torch_autocast", TorchAutocastConfig)),
         ("zerolite", "zerolite's own block (`\"zerolite\": {...}`); DeepSpeed has no such "
          "keys. The watchdog keys can be overridden by environment variables (see "
          "[the watchdog](../watchdog.md)).", section_rows("zerolite", ZeroliteExtrasConfig)),

@@ -1450,6 +1450,77 @@ def module_load_state_dict_after_initialize(tmp):
     return rec
 
 
+def torch_autocast_mode(tmp):
+    """DeepSpeed's torch_autocast mode (fp32 parameters, the forward under torch.autocast,
+    Linear/Conv gradients reduced in the autocast dtype, a GradScaler for fp16) per stage:
+    losses, grad norms, counters, the output dtype, the parameters after (gathered: at
+    stage 3 DeepSpeed gathers the Linear weights in the autocast dtype) and each
+    parameter's comm_dtype attribute."""
+    rec = {}
+    bf16 = {"enabled": True, "dtype": "bfloat16"}
+    fp16 = {"enabled": True, "dtype": "fp16"}
+    cases = {"stage0_bf16": (0, bf16, {}), "stage1_bf16": (1, bf16, {}),
+             "stage2_bf16": (2, bf16, {}), "stage3_bf16": (3, bf16, {}),
+             "stage3_bf16_partitioned": (3, bf16, {"zero": {
+                 "stage3_param_persistence_threshold": 0}}),
+             "stage0_fp16": (0, fp16, {}), "stage2_fp16": (2, fp16, {}),
+             "stage3_fp16": (3, fp16, {"zero": {"stage3_param_persistence_threshold": 0}}),
+             "stage0_bf16_communication_bf16": (0, bf16, {"communication_data_type": "bf16"}),
+             "stage2_bf16_communication_fp16": (2, bf16, {"communication_data_type": "fp16"}),
+             "stage2_bf16_layernorm_only": (2, {**bf16, "lower_precision_safe_modules": [
+                 "torch.nn.LayerNorm"]}, {}),
+             "stage2_default_dtype": (2, {"enabled": True}, {})}
+    for name, (stage, section, extra) in cases.items():
+        model = mlp()
+        extra = dict(extra)
+        zero = extra.pop("zero", {})
+        cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3),
+                     zero_optimization={"stage": stage, **zero}, torch_autocast=section,
+                     **extra)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        rec[name] = {"steps": train(engine, batches(8, 2)), "checksum": checksum(engine),
+                     "comm_dtypes": [str(getattr(p, "comm_dtype", None))
+                                     for p in engine.module.parameters()],
+                     "enabled": engine.torch_autocast_enabled(),
+                     "dtype": str(engine.torch_autocast_dtype())}
+        del engine
+        gc.collect()
+    return rec
+
+
+def outer_autocast(tmp):
+    """A program that runs the engine's forward inside its own torch.autocast: DeepSpeed
+    turns an outer autocast off for its forward when torch_autocast is off and the (CUDA)
+    autocast flag is set, and runs its own torch_autocast settings when on."""
+    rec = {}
+    cases = {"fp32_cpu_autocast": ({}, False), "fp32_cuda_flag_set": ({}, True),
+             "torch_autocast_fp16_inside_cpu_bf16": ({"torch_autocast": {
+                 "enabled": True, "dtype": "fp16"}}, False),
+             "torch_autocast_fp16_cuda_flag_set": ({"torch_autocast": {
+                 "enabled": True, "dtype": "fp16"}}, True)}
+    for name, (extra, cuda_flag) in cases.items():
+        model = mlp()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config(2, optimizer=adamw(), **extra))
+        rows = []
+        for x, y in batches(3, 2):
+            torch.set_autocast_enabled("cuda", cuda_flag)
+            try:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = engine(x)
+            finally:
+                torch.set_autocast_enabled("cuda", False)
+            loss = F.mse_loss(out.float(), y)
+            engine.backward(loss)
+            engine.step()
+            rows.append({"loss": float(loss.item()), "out_dtype": str(out.dtype)})
+        rec[name] = {"steps": rows, "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1470,7 +1541,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              param_persistence, nonfinite_gradient, bf16_buffer_dtypes,
              masters_after_bf16_load, unused_parameters,
              requires_grad_changed_after_initialize, program_changes_hyperparameters,
-             step_without_backward, module_load_state_dict_after_initialize]
+             step_without_backward, module_load_state_dict_after_initialize,
+             torch_autocast_mode, outer_autocast]
 
 
 def main():

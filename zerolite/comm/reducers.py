@@ -54,10 +54,14 @@ class GradReducer:
     """Exact reduction: a reduce-scatter (stages 1-3) or all-reduce (stage 0, one partition).
 
     `comm_dtype` (DeepSpeed's `communication_data_type`) sends 16-bit values; reduce_scatter
-    and all_reduce sum in that dtype, all_to_all sums the received chunks in fp32. The
-    default sends fp32. `predivide` (DeepSpeed's `gradient_predivide_factor` with
-    `prescale_gradients`) divides before the sum and the rest after. `scatter_method` is how
-    the reduce-scatter is done (SCATTER_METHODS; default: default_scatter_method()).
+    and all_reduce sum in that dtype, all_to_all sums the received chunks in fp32 and rounds
+    the sum to it. The default sends fp32; a flat's own `comm_dtype` (torch_autocast) wins.
+    `predivide` (DeepSpeed's `gradient_predivide_factor` with `prescale_gradients`) divides
+    before the sum and the rest after; without it, sharded flats (stages 1-3) are divided by
+    the world size before the sum, as DeepSpeed's ZeRO optimizers do (so a 16-bit sum
+    overflows where DeepSpeed's does), and stage 0's all-reduce divides after it, as
+    DeepSpeed's engine does by default. `scatter_method` is how the reduce-scatter is done
+    (SCATTER_METHODS; default: default_scatter_method()).
     """
 
     def __init__(self, world_size: int, comm_dtype: torch.dtype | None = None,
@@ -82,10 +86,14 @@ class GradReducer:
         self.wire.add(kind, kind, t.numel() * t.element_size(), world=self.world_size)
 
     def start(self, flat, full_grad: torch.Tensor) -> PendingReduce:
-        send = full_grad if self.predivide == 1.0 else full_grad.div_(self.predivide)
-        if self.comm_dtype != torch.float32:
-            send = send.to(self.comm_dtype)
-        post = self.predivide / self.world_size
+        pre = self.predivide
+        if pre == 1.0 and flat.partitions > 1:
+            pre = float(self.world_size)  # DeepSpeed's ZeRO averages before the sum
+        send = full_grad if pre == 1.0 else full_grad.div_(pre)
+        comm_dtype = getattr(flat, "comm_dtype", None) or self.comm_dtype
+        if comm_dtype != torch.float32:
+            send = send.to(comm_dtype)
+        post = pre / self.world_size
 
         def finish(result):
             return result.float().mul_(post) if post != 1.0 else result.float()
@@ -106,10 +114,13 @@ class GradReducer:
                     else torch.empty_like(send))
 
             def finish_sum(result):
-                # Every rank sums its own chunk over ranks in rank order: deterministic.
+                # Every rank sums its own chunk over ranks in rank order: deterministic. A
+                # 16-bit sum is rounded to its dtype, as a 16-bit reduce-scatter leaves it.
                 shard = result.view(flat.partitions, flat.shard_numel).sum(0, dtype=torch.float32)
                 if pool is not None:
                     pool.give(result)
+                if result.dtype != torch.float32:
+                    shard = shard.to(result.dtype).float()
                 return shard.mul_(post) if post != 1.0 else shard
 
             self._count("all_to_all", send)

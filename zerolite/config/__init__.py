@@ -17,15 +17,15 @@ from .core import (
 from .optim import OPTIMIZER_PARAMS, SCHEDULER_PARAMS, OptimizerConfig, SchedulerConfig
 from .sections import (
     ActivationCheckpointingConfig, Bf16Config, DataTypesConfig, Fp16Config, SparseGradientsConfig,
-    ZeroliteExtrasConfig, ZeroOptimizationConfig,
+    TorchAutocastConfig, ZeroliteExtrasConfig, ZeroOptimizationConfig,
 )
 from .support import KEY_SUPPORT, accepted_ignored_keys
 
 __all__ = [
     "KEY_SUPPORT", "OPTIMIZER_PARAMS", "SCHEDULER_PARAMS", "TORCH_DTYPES",
     "ActivationCheckpointingConfig", "Bf16Config", "DataTypesConfig", "Fp16Config",
-    "OptimizerConfig", "SchedulerConfig", "SparseGradientsConfig", "ZeroConfig",
-    "ZeroOptimizationConfig", "ZeroliteConfigError", "ZeroliteConfigWarning",
+    "OptimizerConfig", "SchedulerConfig", "SparseGradientsConfig", "TorchAutocastConfig",
+    "ZeroConfig", "ZeroOptimizationConfig", "ZeroliteConfigError", "ZeroliteConfigWarning",
     "ZeroliteExtrasConfig", "accepted_ignored_keys", "add_config_arguments", "derive_batch",
     "load_config", "read_json",
 ]

@@ -22,8 +22,8 @@ from ._util import (
 from .batch import BATCH_KEYS, derive_batch
 from .optim import OptimizerConfig, SchedulerConfig
 from .sections import (
-    ActivationCheckpointingConfig, Bf16Config, DataTypesConfig, Fp16Config, ZeroliteExtrasConfig,
-    ZeroOptimizationConfig, parse_monitor,
+    ActivationCheckpointingConfig, Bf16Config, DataTypesConfig, Fp16Config, TorchAutocastConfig,
+    ZeroliteExtrasConfig, ZeroOptimizationConfig, parse_monitor,
 )
 from .support import TOP_LEVEL_IGNORED, refuse_switched_on
 
@@ -39,7 +39,7 @@ _TOP_MODELLED = frozenset(BATCH_KEYS) | {
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "zero_optimization",
     "activation_checkpointing", "zerolite", "csv_monitor", "tensorboard",
     "managed_gradient_accumulation", "zero_allow_untested_optimizer", "data_types",
-    "zero_force_ds_cpu_optimizer"}
+    "zero_force_ds_cpu_optimizer", "torch_autocast"}
 
 
 @dataclass
@@ -89,6 +89,8 @@ class ZeroConfig:
     """ZeRO stage and its knobs."""
     data_types: DataTypesConfig = field(default_factory=DataTypesConfig)
     """Gradient-accumulation, parameter and buffer dtypes under fp16/bf16."""
+    torch_autocast: TorchAutocastConfig = field(default_factory=TorchAutocastConfig)
+    """DeepSpeed's torch_autocast mode (fp32 parameters, the forward under torch.autocast)."""
     activation_checkpointing: ActivationCheckpointingConfig = field(
         default_factory=ActivationCheckpointingConfig)
     """DeepSpeed activation checkpointing options (accepted, not acted on)."""
@@ -113,6 +115,13 @@ class ZeroConfig:
             fail_msg("data_types.param_dtype",
                      f"{self.data_types.param_dtype!r} conflicts with the training dtype "
                      f"({mode or 'fp32'}: fp16/bf16 'enabled'); set it to match or omit it")
+        if self.torch_autocast.enabled and mode is not None:
+            fail_msg("torch_autocast.enabled", f"true together with {mode}.enabled: "
+                     "torch_autocast trains fp32 parameters under torch.autocast, "
+                     f"{mode} trains {mode} parameters; enable one of them")
+        if self.torch_autocast.enabled and self.zero_optimization.zero_quantized_weights:
+            fail_msg("torch_autocast.enabled", "true together with "
+                     "zero_optimization.zero_quantized_weights (DeepSpeed refuses both too)")
         self.gradient_clipping = check_float("gradient_clipping", self.gradient_clipping, ge=0)
         self.prescale_gradients = check_bool("prescale_gradients", self.prescale_gradients)
         self.gradient_predivide_factor = check_float("gradient_predivide_factor",
@@ -252,6 +261,7 @@ class ZeroConfig:
             gradient_clipping=clip, **scalars,
             zero_optimization=_zero_section(raw.get("zero_optimization"), ctx),
             data_types=DataTypesConfig.from_dict(raw.get("data_types"), ctx),
+            torch_autocast=TorchAutocastConfig.from_dict(raw.get("torch_autocast"), ctx),
             activation_checkpointing=ActivationCheckpointingConfig.from_dict(
                 raw.get("activation_checkpointing"), ctx),
             zerolite=ZeroliteExtrasConfig.from_dict(raw.get("zerolite"), ctx),

@@ -152,6 +152,39 @@ class DataTypesConfig(Section):
 
 
 @dataclass
+class TorchAutocastConfig(Section):
+    """``torch_autocast``: DeepSpeed's autocast mode. Parameters and masters stay fp32, the
+    engine's forward runs under torch.autocast, and at stages 1-3 the gradients of the
+    lower-precision-safe modules' parameters are reduced in the autocast dtype (the others in
+    fp32); fp16 adds a torch-style GradScaler (zerolite/autocast.py, [Note: torch_autocast])."""
+
+    _PATH: ClassVar[str] = "torch_autocast"
+
+    enabled: bool = False
+    """Run the forward under torch.autocast (needs fp16 and bf16 off)."""
+    dtype: str | None = None
+    """The autocast dtype ("bf16", "fp16"); null = torch's default for the device (bf16 on
+    CPU, fp16 on CUDA) for the forward only: gradients are then reduced in fp32 and fp16
+    gets no GradScaler, as in DeepSpeed."""
+    lower_precision_safe_modules: list | None = None
+    """Module classes, as "package.Class" strings, whose parameters' gradients are reduced in
+    the autocast dtype (the class itself, not subclasses); null = torch.nn's Linear, Conv1d,
+    Conv2d, Conv3d."""
+
+    def __post_init__(self):
+        p = self._PATH
+        self.enabled = check_bool(f"{p}.enabled", self.enabled)
+        self.dtype = check_dtype_name(f"{p}.dtype", self.dtype)
+        mods = self.lower_precision_safe_modules
+        if mods is not None:
+            if not isinstance(mods, (list, tuple)) or not all(
+                    isinstance(m, str) and "." in m for m in mods):
+                fail(f"{p}.lower_precision_safe_modules", mods,
+                     'a list of "package.Class" strings or null')
+            self.lower_precision_safe_modules = list(mods)
+
+
+@dataclass
 class ZeroOptimizationConfig(Section):
     """``zero_optimization``: ZeRO partitioning of optimizer state, gradients and parameters.
 

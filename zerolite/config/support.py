@@ -13,16 +13,13 @@ from typing import Any
 from ._util import fail
 from .sections import (
     ActivationCheckpointingConfig, Bf16Config, DataTypesConfig, Fp16Config, SparseGradientsConfig,
-    ZeroliteExtrasConfig, ZeroOptimizationConfig, is_deepspeed_only,
+    TorchAutocastConfig, ZeroliteExtrasConfig, ZeroOptimizationConfig, is_deepspeed_only,
 )
 
 HONOURED, IGNORED, REJECTED = "honoured", "accepted-ignored", "rejected"
 
 _REMOVED = "DeepSpeed 0.19 removed it and refuses the block"
 SWITCHED_ON_REFUSED: dict[str, tuple[str, str]] = {
-    "torch_autocast.enabled": ("true", "DeepSpeed's torch_autocast mode (the forward under "
-                               "torch.autocast over fp32 parameters) is not implemented; use "
-                               "bf16 or fp16"),
     "data_efficiency.enabled": ("true", "DeepSpeed's data-efficiency library (curriculum "
                                 "sampling, random-LTD) is not implemented"),
     "tensor_parallel.autotp_size": ("> 1", "tensor parallelism is not implemented (zerolite "
@@ -54,7 +51,7 @@ TOP_LEVEL_IGNORED = (
     "data_efficiency", "curriculum_learning", "pipeline", "sparse_attention", "nebula", "eigenvalue",
     "progressive_layer_drop", "quantize_training", "disable_allgather",
     "seq_parallel_communication_data_type", "graph_harvesting", "dump_state",
-    "use_node_local_storage", "load_universal_checkpoint", "torch_autocast", "compile",
+    "use_node_local_storage", "load_universal_checkpoint", "compile",
     "weight_quantization", "hybrid_engine", "tensor_parallel", "sequence_parallel_size", "timers",
     "activation_checkpointing", "csv_monitor", "tensorboard", "gradient_accumulation_dtype",
 )
@@ -67,7 +64,7 @@ _HONOURED_TOP = (
     "steps_per_print", "wall_clock_breakdown", "dataloader_drop_last", "communication_data_type",
     "prescale_gradients", "gradient_predivide_factor", "zero_optimization", "zerolite",
     "csv_monitor", "tensorboard", "checkpoint.tag_validation", "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer", "data_types",
+    "zero_force_ds_cpu_optimizer", "data_types", "torch_autocast",
 )
 # Note: overlap_comm is accepted but not needed: reductions always overlap backward (bounded
 # by reduce_bucket_size) and prefetch is governed by stage3_prefetch_bucket_size.
@@ -96,8 +93,9 @@ def _build() -> dict[str, str]:
     table["zero_optimization.mics_shard_size"] = REJECTED
     for key in SWITCHED_ON_REFUSED:
         table[key] = REJECTED
-    for f in dataclasses.fields(DataTypesConfig):
-        table[f"data_types.{f.name}"] = HONOURED
+    for section, cls in (("data_types", DataTypesConfig), ("torch_autocast", TorchAutocastConfig)):
+        for f in dataclasses.fields(cls):
+            table[f"{section}.{f.name}"] = HONOURED
     for f in dataclasses.fields(ActivationCheckpointingConfig):
         table[f"activation_checkpointing.{f.name}"] = IGNORED
     for f in dataclasses.fields(ZeroliteExtrasConfig):

@@ -68,3 +68,33 @@ class LossScaler:
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():
             setattr(self, key, value)
+
+
+class AmpGradScaler:
+    """torch.amp.GradScaler's dynamic scale, for DeepSpeed's torch_autocast in fp16
+    (zerolite/autocast.py, [Note: torch_autocast] says where the engine unscales): starts at
+    2**16, halves on a step whose gradients are not finite, doubles after `growth_interval`
+    finite ones in a row. Not saved in checkpoints (DeepSpeed does not save it either)."""
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+        self.scale = float(init_scale)
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval = growth_interval
+        self.growth_tracker = 0
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scale
+
+    def update(self, found_inf: bool) -> None:
+        if found_inf:
+            self.scale *= self.backoff_factor
+            self.growth_tracker = 0
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            grown = self.scale * self.growth_factor
+            if grown != float("inf"):
+                self.scale = grown
+            self.growth_tracker = 0

@@ -68,7 +68,8 @@ class FlatParam:
                  partitions: int, compute_dtype: torch.dtype, group_index: int | None,
                  pool: BufferPool | None = None, placement: FlatPlacement | None = None,
                  master_dtype: torch.dtype = torch.float32,
-                 secondary_partitions: int = 1, secondary_rank: int = 0):
+                 secondary_partitions: int = 1, secondary_rank: int = 0,
+                 comm_dtype: torch.dtype | None = None):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -89,6 +90,10 @@ class FlatParam:
         self.secondary: torch.Tensor | None = None
         """The hpZ secondary shard while held (Note above), else None."""
         self.compute_dtype = compute_dtype
+        self.comm_dtype = comm_dtype
+        """dtype this flat's gradients are reduced in (torch_autocast: the autocast dtype for
+        lower-precision-safe modules' parameters, fp32 for the rest); None = the reducer's
+        own (communication_data_type)."""
         device = params[0][1].device
         slots, offset = [], 0
         for names, p in params:
@@ -322,5 +327,7 @@ class FlatParam:
         return flat[lo:hi]
 
     def __repr__(self):
+        comm = "" if self.comm_dtype is None else f", comm={self.comm_dtype}"
         return (f"FlatParam(params={len(self.params)}, numel={self.numel}, "
-                f"shard={self.shard_numel}, dtype={self.compute_dtype}, group={self.group_index})")
+                f"shard={self.shard_numel}, dtype={self.compute_dtype}{comm}, "
+                f"group={self.group_index})")

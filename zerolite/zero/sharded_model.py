@@ -112,13 +112,15 @@ class TrainingState(enum.Enum):
 class GradSync:
     """When a backward's gradients are reduced (the policy; FSDP2's set_requires_gradient_sync).
 
-    [Note: deferred reduction] Stage 1 always keeps full fp32 gradients over the micro-steps
-    and reduce-scatters them once at the optimizer step; `no_sync()` (stages 0-1) does the
-    same for the backwards inside it; `zerolite.reduce_once_per_step` (stages 2-3) defers
-    every backward except the accumulation boundary's, which reduces everything."""
+    [Note: deferred reduction] Stages 0 and 1 always keep full fp32 gradients over the
+    micro-steps and reduce them once at the optimizer step, as DeepSpeed does (its engine
+    all-reduces at the accumulation boundary at stage 0, its stage 1 reduces there too; with
+    a 16-bit communication_data_type the sum is rounded once, not once per micro-step);
+    `zerolite.reduce_once_per_step` (stages 2-3) defers every backward except the
+    accumulation boundary's, which reduces everything."""
 
     reduce_at_step: bool = False
-    """Stage 1: reduce at the optimizer step, never in backward."""
+    """Stages 0-1: reduce at the optimizer step, never in backward."""
     once_per_step: bool = False
     """zerolite.reduce_once_per_step."""
     requires_sync: bool = True
@@ -148,9 +150,13 @@ class ShardedModel:
                  reducer: GradReducer | None = None, gatherer: ParamGatherer | None = None,
                  device_layer=None, plan: PlacementPlan = ON_DEVICE,
                  master_dtype: torch.dtype = torch.float32,
-                 secondary: SecondaryGroup | None = None):
+                 secondary: SecondaryGroup | None = None,
+                 comm_dtypes: dict[nn.Parameter, torch.dtype] | None = None):
         """`secondary`: this rank's hpZ group (stage 3, zero_hpz_partition_size > 1), the
-        same one the gatherer gathers secondary shards over; None = no hpZ."""
+        same one the gatherer gathers secondary shards over; None = no hpZ. `comm_dtypes`:
+        the dtype each parameter's gradient is reduced in, where it is not the reducer's
+        own (torch_autocast, zerolite/autocast.py): a unit's parameters are split into one
+        flat per such dtype."""
         options = options or ShardingOptions()
         self.module = module
         self.options = options
@@ -158,7 +164,7 @@ class ShardedModel:
         self.plan = plan
         """Where each flat's shard and master live (flat_placement.py), chosen per flat as
         the flats are built; also told around gathers and after each step."""
-        self.grad_sync = GradSync(reduce_at_step=self.stage == 1,
+        self.grad_sync = GradSync(reduce_at_step=self.stage <= 1,
                                   once_per_step=options.reduce_once_per_step)
         self.state = TrainingState.IDLE
         self.partitions = 1 if self.stage == 0 else world_size
@@ -167,6 +173,7 @@ class ShardedModel:
         self.compute_dtype = compute_dtype
         self.master_dtype = master_dtype
         """dtype of the masters and their gradient shards (fp32, or bf16 masters)."""
+        self.comm_dtypes = comm_dtypes or {}
         self.reducer = reducer or GradReducer(world_size)
         self.gatherer = gatherer or ParamGatherer()
         apply_leaf_module_config(module, options.leaf_module, DEFAULT_LEAF_MODULE_CLASSES)
@@ -226,14 +233,16 @@ class ShardedModel:
             p.ds_tensor = flat.local_piece(i)
 
     def _build_flats(self, per_unit, names, group_of) -> list[list[FlatParam]]:
-        """Every unit's flats: the params bucketed by (group, requires_grad), each flat placed
-        by the plan, which sees all of them first (e.g. offload `ratio` counts elements)."""
+        """Every unit's flats: the params bucketed by (group, requires_grad, comm dtype), each
+        flat placed by the plan, which sees all of them first (e.g. offload `ratio` counts
+        elements)."""
         buckets = []
         for params in per_unit:
             unit_buckets: dict[tuple, list] = {}
             for p in params:
                 group = group_of.get(p) if p.requires_grad else None
-                unit_buckets.setdefault((group, p.requires_grad), []).append((names[p], p))
+                key = (group, p.requires_grad, self.comm_dtypes.get(p))
+                unit_buckets.setdefault(key, []).append((names[p], p))
             buckets.append(list(unit_buckets.items()))
         specs = [FlatSpec(unit_index=ui, position=pos,
                           shard_numel=shard_numel(sum(p.numel() for _, p in items),
@@ -242,15 +251,15 @@ class ShardedModel:
                           compute_dtype=self.compute_dtype, device=items[0][1].device,
                           master_dtype=self.master_dtype)
                  for ui, unit_buckets in enumerate(buckets)
-                 for pos, ((group, requires_grad), items) in enumerate(unit_buckets)]
+                 for pos, ((group, requires_grad, _), items) in enumerate(unit_buckets)]
         placements = iter(self.plan.place_all(specs))
         hpz = self.secondary
         return [[FlatParam(items, rank=self.rank, partitions=self.partitions,
                            compute_dtype=self.compute_dtype, group_index=group, pool=self.pool,
                            placement=next(placements), master_dtype=self.master_dtype,
                            secondary_partitions=hpz.size if hpz else 1,
-                           secondary_rank=hpz.position if hpz else 0)
-                 for (group, _), items in unit_buckets] for unit_buckets in buckets]
+                           secondary_rank=hpz.position if hpz else 0, comm_dtype=comm)
+                 for (group, _, comm), items in unit_buckets] for unit_buckets in buckets]
 
     # -- queries -----------------------------------------------------------------------
     @property
