@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from zerolite.testing.records import Explanations, differences
+from zerolite.testing.records import Explanations, differences, fp32_unless_bf16
 
 pytestmark = pytest.mark.deepspeed
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,6 +30,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "compat_scripts")
 DS_SITE = os.path.abspath(os.environ.get("ZEROLITE_DS_SITE", os.path.join(ROOT, ".ds-site")))
 HF_CONFIG = os.path.join(SCRIPTS, "hf_ds_config_zero3_auto.json")
+HF_AUTOCAST_CONFIG = os.path.join(SCRIPTS, "hf_ds_config_zero3_torch_autocast.json")
+"""The same with DeepSpeed's torch_autocast in bf16 (the Trainer itself in fp32)."""
+AUTOCAST_TOLERANCE = (2e-3, 1e-5)
+"""Numbers of the torch_autocast Trainer run: at stage 3 both engines fetch GPT-2's Linear head
+(tied to the token embedding, which reads it outside autocast's casts) in bf16, but
+DeepSpeed 0.19.8's very first forward after initialize still sees it exact, so its first
+micro-step differs by about 1e-5 and the runs then drift apart by up to about 1e-3 relative
+(tests/test_torch_autocast.py holds the mode to a reference at 1e-6)."""
 
 DIFFERENCES = {
     "*.engine": "the engine's class: DeepSpeedEngine / ZeroEngine",
@@ -53,7 +61,7 @@ DIFFERENCES = {
     "trl_grpo.*.gathers[*]": "zerolite's own gather counter (None under DeepSpeed)",
 }
 EXPLAINED = Explanations(DIFFERENCES)
-CLIENTS = {"hf_trainer", "accelerate_mlp", "accelerate_schedule", "trl_sft", "trl_sft_bf16",
+CLIENTS = {"hf_trainer", "hf_trainer_torch_autocast", "accelerate_mlp", "accelerate_schedule", "trl_sft", "trl_sft_bf16",
            "trl_dpo", "trl_grpo", "dschat_sft", "dschat_rlhf"}
 SEEN: dict[str, set[str]] = {}
 """Client -> the DIFFERENCES patterns its comparison used (filled as the tests run)."""
@@ -77,9 +85,10 @@ def _launch(script, args, out, under_deepspeed):
     assert proc.returncode == 0, f"under {side}:\n" + (proc.stdout + proc.stderr)[-5000:]
 
 
-def _side_by_side(name, script, args, tmp_path, collect, out_flag="--out"):
+def _side_by_side(name, script, args, tmp_path, collect, out_flag="--out",
+                  tolerance=fp32_unless_bf16):
     """Run `script` under both engines with `args` (+ `out_flag` DIR) and compare what
-    `collect(DIR)` gathers from each run's output folder."""
+    `collect(DIR)` gathers from each run's output folder (numbers to `tolerance`)."""
     if not os.path.isdir(os.path.join(DS_SITE, "deepspeed")):
         pytest.fail(f"DeepSpeed 0.19.8 is not installed in {DS_SITE}: run `make ds-clients`")
     runs = {}
@@ -87,7 +96,7 @@ def _side_by_side(name, script, args, tmp_path, collect, out_flag="--out"):
         out = str(tmp_path / ("deepspeed" if under_deepspeed else "zerolite"))
         _launch(script, [*args, out_flag, out], out, under_deepspeed)
         runs[under_deepspeed] = collect(out)
-    found = differences(runs[True], runs[False], name)
+    found = differences(runs[True], runs[False], name, tolerance=tolerance)
     unexplained, used = EXPLAINED.split(found)
     assert not unexplained, f"{name}: zerolite differs from DeepSpeed 0.19.8:\n" + "\n".join(
         unexplained[:40])
@@ -110,7 +119,10 @@ def _listing(folder):
     return sorted(os.listdir(folder))
 
 
-def test_hf_trainer(tmp_path):
+@pytest.mark.parametrize("name, config, tolerance", [
+    ("hf_trainer", HF_CONFIG, fp32_unless_bf16),
+    ("hf_trainer_torch_autocast", HF_AUTOCAST_CONFIG, lambda path: AUTOCAST_TOLERANCE)])
+def test_hf_trainer(tmp_path, name, config, tolerance):
     from test_compat_hf_trainer import _init_model
 
     init = tmp_path / "init"
@@ -125,9 +137,9 @@ def test_hf_trainer(tmp_path):
         return record
 
     args = ["--init", str(init), "--steps", "6", "--gas", "2", "--save_steps", "3",
-            "--per_device", "2", "--deepspeed", HF_CONFIG]
-    runs, _ = _side_by_side("hf_trainer", os.path.join(SCRIPTS, "hf_trainer_gpt2.py"), args,
-                            tmp_path, collect)
+            "--per_device", "2", "--deepspeed", config]
+    runs, _ = _side_by_side(name, os.path.join(SCRIPTS, "hf_trainer_gpt2.py"), args,
+                            tmp_path, collect, tolerance=tolerance)
     history = runs[False]["trainer_state"]["log_history"]
     assert [h["step"] for h in history if "grad_norm" in h] == [1, 2, 3, 4, 5, 6]
 

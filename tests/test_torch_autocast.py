@@ -2,7 +2,8 @@
 single-process PyTorch reference that does on purpose what the mode says: the forward under
 torch.autocast, each rank's gradients of Linear parameters averaged in the autocast dtype
 (rounded, summed over ranks, rounded again), the rest in fp32, fp16 with a loss scale of
-2**16. DeepSpeed itself is compared in test_ds_conformance.py (torch_autocast_mode,
+2**16; at stage 3 the forward sees Linear weights rounded to that dtype (the GPT's embedding
+is tied to its Linear head, so its lookups see them too). DeepSpeed itself is compared in test_ds_conformance.py (torch_autocast_mode,
 outer_autocast)."""
 import copy
 
@@ -38,9 +39,15 @@ def _reference(stage, dtype, round_safe=True):
         for micro in range(GAS):
             for rank in range(WORLD):
                 x, y = rank_micro_batches(batch, rank, WORLD, GAS)[micro]
+                exact = {p: p.data for p in model.parameters() if id(p) in safe}
+                if stage == 3 and round_safe:  # fetched in the autocast dtype
+                    for p in exact:
+                        p.data = p.data.to(dtype).float()
                 with torch.autocast("cpu", dtype=dtype):
                     loss = model(x, y)
                 (loss / GAS * scale).backward()
+                for p, value in exact.items():
+                    p.data = value
                 total += loss.item()
                 for p in model.parameters():
                     local[rank][p] += p.grad

@@ -21,10 +21,13 @@ optimizers):
     (`torch.is_autocast_enabled()` without a device, which is what DeepSpeed asks) the
     engine's forward runs under its own setting, autocast off when torch_autocast is off.
     A CPU-only autocast around the call is left alone, as DeepSpeed leaves it.
-zerolite gathers stage-3 parameters in fp32 where DeepSpeed's forward fetch gathers the
-safe modules' weights in the autocast dtype; under autocast those weights are cast to it
-anyway, so only a weight also read outside autocast's casts (an embedding tied to a Linear
-head) sees fp32 values here and rounded ones there (docs/migrating.md).
+  * at stage 3 over more than one rank, a fetch (a unit gathered for a forward, a backward,
+    a recompute or a direct call, prefetches included) gathers the safe parameters' flats in
+    the autocast dtype, as DeepSpeed's fetch does: only a weight also read outside
+    autocast's casts (an embedding tied to a Linear head) sees the rounding. The persistent
+    parameters, GatheredParameters and checkpoints gather exactly, as DeepSpeed's
+    synchronous gathers do. (DeepSpeed 0.19.8's very first forward after initialize reads
+    such a tied weight exactly; zerolite's rounds it from the first: docs/migrating.md.)
 """
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ class QuantizedParamGatherer(ParamGatherer):
         check_args(bits, block_size)
         self.bits, self.block_size = bits, block_size
 
-    def _start_from_shards(self, flat):
+    def _start_from_shards(self, flat, fetch: bool = False):
         full = flat.alloc_full()
         if flat.partitions == 1:
             return None  # the shard is the full buffer (FlatParam.full_is_shard)

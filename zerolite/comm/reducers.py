@@ -148,9 +148,11 @@ class ParamGatherer:
     def bytes_sent(self) -> Counter:
         return self.wire.sent
 
-    def start(self, flat):
+    def start(self, flat, fetch: bool = False):
+        """`fetch` (a forward or backward gather): gather in the flat's fetch_dtype, if it
+        has one; from an hpZ secondary shard always exactly."""
         if flat.secondary is None:
-            return self._start_from_shards(flat)
+            return self._start_from_shards(flat, fetch)
         group = self.secondary
         if group is None or group.size != flat.secondary_partitions:
             raise ZeroliteStateError(f"{flat!r} holds an hpZ secondary shard of 1/"
@@ -161,8 +163,32 @@ class ParamGatherer:
                       group.ranks)
         return start_full_flat_gather(flat.alloc_full(), src, group.size, group=group.group)
 
-    def _start_from_shards(self, flat):
-        self.wire.add("all_gather", "all_gather", flat.shard.numel() * flat.shard.element_size(),
+    def _start_from_shards(self, flat, fetch: bool = False):
+        dtype = flat.fetch_dtype if fetch else None
+        source = flat.gather_source() if dtype is None else flat.gather_source().to(dtype)
+        self.wire.add("all_gather", "all_gather", source.numel() * source.element_size(),
                       world=flat.partitions)
-        return start_full_flat_gather(flat.alloc_full(), flat.gather_source(), flat.partitions,
-                                      group=self.group)
+        if dtype is None:
+            return start_full_flat_gather(flat.alloc_full(), source, flat.partitions,
+                                          group=self.group)
+        wire_buf = torch.empty(flat.padded_numel, dtype=dtype, device=source.device)
+        work = start_full_flat_gather(wire_buf, source, flat.partitions, group=self.group)
+        return _CastOnWait(work, wire_buf, flat.alloc_full())
+
+
+class _CastOnWait:
+    """A gather in a narrower dtype; `wait()` copies what arrived into the full buffer."""
+
+    def __init__(self, work, received: torch.Tensor, full: torch.Tensor):
+        self._work, self._received, self._full = work, received, full
+
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
+    def wait(self, timeout=None):
+        if self._received is not None:
+            if self._work is not None:
+                self._work.wait()
+            self._full.copy_(self._received)
+            self._received = None
+        return True

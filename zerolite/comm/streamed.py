@@ -47,9 +47,9 @@ class StreamedGatherer:
     def wire(self):
         return self.inner.wire
 
-    def start(self, flat):
+    def start(self, flat, fetch: bool = False):
         def issue():
-            once = _Once(self.inner.start(flat))
+            once = _Once(self.inner.start(flat, fetch=fetch))
             return [once], once
 
         return self.layer.gather.submit(issue, finish=_result, name="all_gather")

@@ -69,7 +69,7 @@ class FlatParam:
                  pool: BufferPool | None = None, placement: FlatPlacement | None = None,
                  master_dtype: torch.dtype = torch.float32,
                  secondary_partitions: int = 1, secondary_rank: int = 0,
-                 comm_dtype: torch.dtype | None = None):
+                 comm_dtype: torch.dtype | None = None, fetch_dtype: torch.dtype | None = None):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -94,6 +94,10 @@ class FlatParam:
         """dtype this flat's gradients are reduced in (torch_autocast: the autocast dtype for
         lower-precision-safe modules' parameters, fp32 for the rest); None = the reducer's
         own (communication_data_type)."""
+        self.fetch_dtype = fetch_dtype
+        """dtype the forward/backward fetches all-gather the shard in (torch_autocast at
+        stage 3: DeepSpeed's fetch gathers the safe modules' weights in the autocast dtype);
+        None = the compute dtype. GatheredParameters and checkpoints gather exactly."""
         device = params[0][1].device
         slots, offset = [], 0
         for names, p in params:

@@ -86,7 +86,7 @@ class GatheredParameters:
             elif getattr(p, "zl_partitioned", None) is not None:
                 self._partitioned.append(p)
         for sharded, unit, _ in self._units:
-            sharded.residency.ensure_gathered(unit, None)
+            sharded.residency.ensure_gathered(unit, None, fetch=False)
         for p in self._partitioned:
             gather_partitioned(p)
         return self

@@ -85,27 +85,29 @@ class Residency:
                                                  self.live_nbytes())
 
     # -- gathering ---------------------------------------------------------------------
-    def _issue(self, unit: Unit) -> None:
+    def _issue(self, unit: Unit, fetch: bool = False) -> None:
         with record_function(f"zerolite::gather {unit.name}"):
-            unit.gather(self.gatherer, async_op=True)
+            unit.gather(self.gatherer, async_op=True, fetch=fetch)
         self.stats.track_gather(unit.name, unit.pending_works)
 
-    def ensure_gathered(self, unit: Unit, phase) -> None:
+    def ensure_gathered(self, unit: Unit, phase, fetch: bool = True) -> None:
         """Gather `unit` (waiting for its prefetch if one is in flight), then prefetch. The
-        persistent unit is gathered too if it is not (its first use, or after a release)."""
+        persistent unit is gathered too if it is not (its first use, or after a release).
+        `fetch`: a gather for running modules (forward, backward, recompute, direct call),
+        which may be in a flat's fetch_dtype; False for GatheredParameters (exact)."""
         self.stats.poll()
         persistent = self.persistent_unit
         if persistent is not None and persistent.state is UnitState.SHARDED:
             self._issue(persistent)
         if unit.state is UnitState.SHARDED:
-            self._issue(unit)
+            self._issue(unit, fetch=fetch)
         if phase is not None:
             picks = self.scheduler.on_use(
                 phase, unit.index, lambda i: self.units[i].state is not UnitState.SHARDED,
                 self.live_numel(), self._in_flight_numel() - (
                     self.numels[unit.index] if unit.state is UnitState.GATHERING else 0))
             for i in picks:
-                self._issue(self.units[i])
+                self._issue(self.units[i], fetch=True)
                 self.stats.current.prefetched += 1
         if persistent is not None and persistent.state is UnitState.GATHERING:
             self._wait(persistent)
@@ -135,7 +137,7 @@ class Residency:
             phase, lambda i: self.units[i].state is not UnitState.SHARDED, self.live_numel(),
             self._in_flight_numel())
         for i in picks:
-            self._issue(self.units[i])
+            self._issue(self.units[i], fetch=True)
             self.stats.current.prefetched += 1
 
     # -- releasing ---------------------------------------------------------------------

@@ -194,7 +194,7 @@ class ShardedModel:
             [] for _ in range(len(unit_modules) + 1 + (persistent_index is not None))]
         for p in names:  # model order
             per_unit[owner[p]].append(p)
-        flats = self._build_flats(per_unit, names, group_of)
+        flats = self._build_flats(per_unit, names, group_of, persistent_index)
         self.units: list[Unit] = []
         for index, unit_flats in enumerate(flats):
             is_persistent = index == persistent_index
@@ -232,10 +232,12 @@ class ShardedModel:
             p.ds_persist = unit.persistent
             p.ds_tensor = flat.local_piece(i)
 
-    def _build_flats(self, per_unit, names, group_of) -> list[list[FlatParam]]:
+    def _build_flats(self, per_unit, names, group_of, persistent_index
+                     ) -> list[list[FlatParam]]:
         """Every unit's flats: the params bucketed by (group, requires_grad, comm dtype), each
         flat placed by the plan, which sees all of them first (e.g. offload `ratio` counts
-        elements)."""
+        elements). A 16-bit comm dtype is also the dtype a sharded unit's fetches gather
+        that flat in (torch_autocast, autocast.py); the persistent unit gathers exactly."""
         buckets = []
         for params in per_unit:
             unit_buckets: dict[tuple, list] = {}
@@ -254,12 +256,20 @@ class ShardedModel:
                  for pos, ((group, requires_grad, _), items) in enumerate(unit_buckets)]
         placements = iter(self.plan.place_all(specs))
         hpz = self.secondary
+
+        def fetch_dtype(unit_index, comm):
+            sixteen = comm is not None and comm.itemsize == 2
+            return comm if (sixteen and self.partitions > 1 and self.stage == 3
+                            and unit_index != persistent_index) else None
+
         return [[FlatParam(items, rank=self.rank, partitions=self.partitions,
                            compute_dtype=self.compute_dtype, group_index=group, pool=self.pool,
                            placement=next(placements), master_dtype=self.master_dtype,
                            secondary_partitions=hpz.size if hpz else 1,
-                           secondary_rank=hpz.position if hpz else 0, comm_dtype=comm)
-                 for (group, _, comm), items in unit_buckets] for unit_buckets in buckets]
+                           secondary_rank=hpz.position if hpz else 0, comm_dtype=comm,
+                           fetch_dtype=fetch_dtype(ui, comm))
+                 for (group, _, comm), items in unit_buckets]
+                for ui, unit_buckets in enumerate(buckets)]
 
     # -- queries -----------------------------------------------------------------------
     @property

@@ -101,8 +101,10 @@ class Unit:
                 f"{' or '.join(s.value for s in states)}; this is a zerolite bug, please report it")
 
     # -- parameters --------------------------------------------------------------------
-    def gather(self, gatherer, async_op: bool = False) -> None:
-        """Start (or finish, if not async) the all-gather of every flat param of the unit."""
+    def gather(self, gatherer, async_op: bool = False, fetch: bool = False) -> None:
+        """Start (or finish, if not async) the all-gather of every flat param of the unit.
+        `fetch`: for a forward or backward (prefetches too), which may gather a flat in its
+        fetch_dtype."""
         if self.state is not UnitState.SHARDED:
             if not async_op:
                 self.wait_gathered()
@@ -110,7 +112,7 @@ class Unit:
         LAST.next_unit = self.name
         self.plan.before_gather(self)
         with torch.no_grad():
-            self._gather_works = [gatherer.start(flat) for flat in self.flats]
+            self._gather_works = [gatherer.start(flat, fetch=fetch) for flat in self.flats]
         self._move(UnitState.GATHERING)
         if not async_op:
             self.wait_gathered()
