@@ -45,7 +45,8 @@ TEST_FILES = ["tests/test_cuda_path.py", "tests/test_device_layer.py",
               "tests/test_adamw_kernels.py",
               "tests/test_offload_cpu.py::test_cpu_offload_on_cuda_matches_no_offload",
               "tests/test_compat_lightning.py::test_lightning_deepspeed_strategy_on_gpu",
-              "tests/test_compat_fabric.py::test_fabric_deepspeed_strategy_on_gpu"]
+              "tests/test_compat_fabric.py::test_fabric_deepspeed_strategy_on_gpu",
+              "tests/test_torch_autocast.py::test_on_cuda_the_programs_autocast_gives_way"]
 """The `cuda`-marked tests (every one: `pytest -m cuda --collect-only` lists them) and the
 kernel tests, which compile on CUDA; the rest of the suite runs on CPU in CI."""
 

@@ -182,3 +182,30 @@ def test_engine_accessors():
     assert (enabled, dtype, modules) == (True, torch.float16, default_safe_module_names())
     assert out_dtype == torch.float16  # the forward ran under autocast (lm_head is Linear)
     assert scale == 2.0 ** 16 and scaled == "torch.float32"
+
+
+def _on_cuda(rank, world):
+    dtypes = {}
+    for name, extra in (("off", {}), ("bf16", {"torch_autocast": {"enabled": True,
+                                                                    "dtype": "bf16"}})):
+        model = tiny_gpt()
+        engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(),
+                                         config=ds_config(world, stage=3, **extra))
+        x, _ = rank_micro_batches(batches(1)[0], rank, world, GAS)[0]
+        with torch.autocast("cuda", dtype=torch.float16):  # the program's own autocast
+            dtypes[name] = engine(x.to(engine.device)).dtype
+    model = tiny_gpt()
+    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(),
+                                     config=ds_config(world, stage=3, torch_autocast={
+                                         "enabled": True, "dtype": "fp16"}))
+    losses = train_engine(engine, batches(STEPS), rank, world)
+    return dtypes, losses, engine.skipped_steps
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_programs_autocast_gives_way():
+    """CUDA, world 1: a program's torch.autocast("cuda") around the engine's call is off
+    inside the forward without torch_autocast and replaced by it with; fp16 trains."""
+    dtypes, losses, skipped = run_ranks(_on_cuda, 1, timeout_s=600)[0]
+    assert dtypes == {"off": torch.float32, "bf16": torch.bfloat16}
+    assert skipped == 0 and losses[-1] < losses[0]

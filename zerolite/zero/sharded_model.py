@@ -112,17 +112,18 @@ class TrainingState(enum.Enum):
 class GradSync:
     """When a backward's gradients are reduced (the policy; FSDP2's set_requires_gradient_sync).
 
-    [Note: deferred reduction] Stages 0 and 1 always keep full fp32 gradients over the
-    micro-steps and reduce them once at the optimizer step, as DeepSpeed does (its engine
-    all-reduces at the accumulation boundary at stage 0, its stage 1 reduces there too; with
-    a 16-bit communication_data_type the sum is rounded once, not once per micro-step);
-    `zerolite.reduce_once_per_step` (stages 2-3) defers every backward except the
-    accumulation boundary's, which reduces everything."""
+    [Note: deferred reduction] Stage 1 always keeps full fp32 gradients over the micro-steps
+    and reduce-scatters them once at the optimizer step; `no_sync()` (stages 0-1) does the
+    same for the backwards inside it. Stage 0, and stages 2-3 with
+    `zerolite.reduce_once_per_step`, defer every backward except the accumulation
+    boundary's, which reduces everything as its gradients complete: DeepSpeed's engine
+    all-reduces once, at the boundary, at stage 0 (with a 16-bit communication_data_type
+    the sum is rounded once, not once per micro-step)."""
 
     reduce_at_step: bool = False
-    """Stages 0-1: reduce at the optimizer step, never in backward."""
+    """Stage 1: reduce at the optimizer step, never in backward."""
     once_per_step: bool = False
-    """zerolite.reduce_once_per_step."""
+    """Stage 0, or zerolite.reduce_once_per_step."""
     requires_sync: bool = True
     """False inside engine.no_sync()."""
     at_boundary: bool = True
@@ -164,8 +165,8 @@ class ShardedModel:
         self.plan = plan
         """Where each flat's shard and master live (flat_placement.py), chosen per flat as
         the flats are built; also told around gathers and after each step."""
-        self.grad_sync = GradSync(reduce_at_step=self.stage <= 1,
-                                  once_per_step=options.reduce_once_per_step)
+        self.grad_sync = GradSync(reduce_at_step=self.stage == 1,
+                                  once_per_step=options.reduce_once_per_step or self.stage == 0)
         self.state = TrainingState.IDLE
         self.partitions = 1 if self.stage == 0 else world_size
         self.rank, self.world_size = rank, world_size
