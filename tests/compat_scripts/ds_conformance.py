@@ -82,6 +82,18 @@ def checksum(engine):
         return [float(p.detach().double().sum()) for p in params]
 
 
+def initialized(make_model, cfg, zero_init=False):
+    """The engine over `make_model()` (built under zero.Init when asked) with `cfg`."""
+    if zero_init:
+        with deepspeed.zero.Init(config_dict_or_path=cfg):
+            model = make_model()
+    else:
+        model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=cfg)
+    return engine
+
+
 def train(engine, data, cast=None):
     """Forward/backward/step per micro-batch; what the program sees after each."""
     rows = []
@@ -1256,13 +1268,7 @@ def bf16_buffer_dtypes(tmp):
         cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3), bf16={"enabled": True})
         if data_types:
             cfg["data_types"] = data_types
-        if data_types is None:
-            with deepspeed.zero.Init(config_dict_or_path=cfg):
-                model = BufferNet()
-        else:
-            model = BufferNet()
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          config=cfg)
+        engine = initialized(BufferNet, cfg, zero_init=data_types is None)
         rec[name] = {"buffers": {n: str(b.dtype) for n, b in engine.module.named_buffers()},
                      "steps": [r["loss"] for r in train(engine, batches(4, 2),
                                                         cast=torch.bfloat16)]}
@@ -1521,6 +1527,38 @@ def outer_autocast(tmp):
     return rec
 
 
+def torch_autocast_checkpoint(tmp):
+    """torch_autocast across a checkpoint: at stage 3 (the model built under zero.Init) and at
+    stage 2 in fp16 (DeepSpeed does not save the GradScaler), 2 optimizer steps, save, 2 more;
+    a new engine loads the checkpoint and repeats those 2 steps."""
+    rec = {}
+    cases = {"stage3_bf16_zero_init": (3, "bfloat16", True),
+             "stage2_fp16": (2, "fp16", False)}
+    for name, (stage, dtype, zero_init) in cases.items():
+        cfg = config(stage, gas=2, clip=1.0, optimizer=adamw(lr=3e-3),
+                     torch_autocast={"enabled": True, "dtype": dtype})
+        data = batches(8, 2)
+        runs = []
+        for load in (False, True):
+            engine = initialized(mlp, cfg, zero_init=zero_init)
+            if load:
+                engine.load_checkpoint(tmp, tag=name)
+                rows = train(engine, data[4:])
+            else:
+                rows = train(engine, data[:4])
+                engine.save_checkpoint(tmp, tag=name)
+                rows += train(engine, data[4:])
+            runs.append({"losses": [r["loss"] for r in rows],
+                         "grad_norms": [r["grad_norm"] for r in rows],
+                         "comm_dtypes": [str(getattr(p, "comm_dtype", None))
+                                         for p in engine.module.parameters()],
+                         "checksum": checksum(engine)})
+            del engine
+            gc.collect()
+        rec[name] = {"trained": runs[0], "loaded": runs[1]}
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1542,7 +1580,7 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              masters_after_bf16_load, unused_parameters,
              requires_grad_changed_after_initialize, program_changes_hyperparameters,
              step_without_backward, module_load_state_dict_after_initialize,
-             torch_autocast_mode, outer_autocast]
+             torch_autocast_mode, outer_autocast, torch_autocast_checkpoint]
 
 
 def main():
