@@ -26,8 +26,7 @@ optimizers):
     the autocast dtype, as DeepSpeed's fetch does: only a weight also read outside
     autocast's casts (an embedding tied to a Linear head) sees the rounding. The persistent
     parameters, GatheredParameters and checkpoints gather exactly, as DeepSpeed's
-    synchronous gathers do. (DeepSpeed 0.19.8's very first forward after initialize reads
-    such a tied weight exactly; zerolite's rounds it from the first: docs/migrating.md.)
+    synchronous gathers do.
 """
 from __future__ import annotations
 

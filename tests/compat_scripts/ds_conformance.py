@@ -1559,6 +1559,26 @@ def torch_autocast_checkpoint(tmp):
     return rec
 
 
+def torch_adam_defaults(tmp):
+    """Adam / AdamW from the config with only lr given: with torch_adam (DeepSpeed builds
+    torch.optim.AdamW, or Adam with adam_w_mode false, from the params as given) and without
+    (its FusedAdam): the parameters after 2 steps show which weight decay each trained with."""
+    rec = {}
+    cases = {"adamw_torch": ("AdamW", {"torch_adam": True}),
+             "adam_torch": ("Adam", {"torch_adam": True}),
+             "adam_torch_l2": ("Adam", {"torch_adam": True, "adam_w_mode": False}),
+             "adamw_fused": ("AdamW", {})}
+    for name, (kind_, extra) in cases.items():
+        cfg = config(2, optimizer={"type": kind_, "params": {"lr": 1e-2, **extra}})
+        engine = initialized(mlp, cfg)
+        rec[name] = {"losses": [r["loss"] for r in train(engine, batches(3, 2))],
+                     "checksum": checksum(engine),
+                     "weight_decay": engine.optimizer.param_groups[0]["weight_decay"]}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1580,7 +1600,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              masters_after_bf16_load, unused_parameters,
              requires_grad_changed_after_initialize, program_changes_hyperparameters,
              step_without_backward, module_load_state_dict_after_initialize,
-             torch_autocast_mode, outer_autocast, torch_autocast_checkpoint]
+             torch_autocast_mode, outer_autocast, torch_autocast_checkpoint,
+             torch_adam_defaults]
 
 
 def main():

@@ -121,6 +121,9 @@ LR_GROUPS = PerGroup(LR)
 RATIO_GROUPS = PerGroup(RATIO)
 
 _BETAS = (0.9, 0.999)
+TORCH_ADAMW_WEIGHT_DECAY = 0.01
+"""torch.optim.AdamW's default weight decay: what an Adam/AdamW config with `torch_adam` true
+and no weight_decay trains with under DeepSpeed (without torch_adam: FusedAdam's 0.0)."""
 _ADAM = {"lr": (1e-3, LR), "betas": (_BETAS, BETAS), "eps": (1e-8, NONNEG),
          "weight_decay": (0.0, NONNEG), "bias_correction": (True, BOOL),
          "amsgrad": (False, BOOL), "adam_w_mode": (True, BOOL), "torch_adam": (False, BOOL),
@@ -292,6 +295,12 @@ class OptimizerConfig:
             return spec[key][0]
 
         params = _parse_params("optimizer.params", d.get("params"), spec, ctx, auto_rule)
+        given = d.get("params") or {}
+        if canon in ("Adam", "AdamW") and params.get("torch_adam") \
+                and (canon == "AdamW" or params.get("adam_w_mode", True)) \
+                and "weight_decay" not in given:
+            # DeepSpeed hands the params as given to torch.optim.AdamW, so its default applies.
+            params["weight_decay"] = TORCH_ADAMW_WEIGHT_DECAY
         out = cls(type=canon, params=params)
         ctx.optimizer_lr = out.params.get("lr")
         return out
