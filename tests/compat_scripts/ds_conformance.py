@@ -1579,6 +1579,26 @@ def torch_adam_defaults(tmp):
     return rec
 
 
+def param_grad_after_backward(tmp):
+    """What `p.grad` holds after engine.backward (accumulation 2) at stages 0-3 and in bf16 at
+    stage 0: None, or its norm (a program clipping or logging gradients by hand reads it)."""
+    rec = {}
+    for name, stage, extra in (("stage0", 0, {}), ("stage1", 1, {}), ("stage2", 2, {}),
+                               ("stage3", 3, {}), ("bf16_stage0", 0, {"bf16": {"enabled": True}})):
+        engine = initialized(mlp, config(stage, gas=2, optimizer=adamw(), **extra))
+        seen = []
+        for x, y in batches(4, 2):
+            out = engine(x.bfloat16() if extra else x)
+            engine.backward(F.mse_loss(out.float(), y))
+            seen.append([None if p.grad is None else float(p.grad.float().norm())
+                         for p in engine.module.parameters()])
+            engine.step()
+        rec[name] = {"grads": seen, "checksum": checksum(engine)}
+        del engine
+        gc.collect()
+    return rec
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1601,7 +1621,7 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              requires_grad_changed_after_initialize, program_changes_hyperparameters,
              step_without_backward, module_load_state_dict_after_initialize,
              torch_autocast_mode, outer_autocast, torch_autocast_checkpoint,
-             torch_adam_defaults]
+             torch_adam_defaults, param_grad_after_backward]
 
 
 def main():
