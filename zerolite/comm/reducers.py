@@ -57,11 +57,13 @@ class GradReducer:
     and all_reduce sum in that dtype, all_to_all sums the received chunks in fp32 and rounds
     the sum to it. The default sends fp32; a flat's own `comm_dtype` (torch_autocast) wins.
     `predivide` (DeepSpeed's `gradient_predivide_factor` with `prescale_gradients`) divides
-    before the sum and the rest after; without it, sharded flats (stages 1-3) are divided by
-    the world size before the sum, as DeepSpeed's ZeRO optimizers do (so a 16-bit sum
-    overflows where DeepSpeed's does), and stage 0's all-reduce divides after it, as
-    DeepSpeed's engine does by default. `scatter_method` is how the reduce-scatter is done
-    (SCATTER_METHODS; default: default_scatter_method()).
+    before the sum and the rest after; without it, a 16-bit send from a sharded flat
+    (stages 1-3) is divided by the world size before the sum, as DeepSpeed's ZeRO optimizers
+    do (so the sum rounds and overflows where DeepSpeed's does), and everything else after
+    it (stage 0's all-reduce, as DeepSpeed's engine by default; an fp32 sum gives the same
+    numbers either way for a power-of-two world, with one pass over the buffer fewer).
+    `scatter_method` is how the reduce-scatter is done (SCATTER_METHODS; default:
+    default_scatter_method()).
     """
 
     def __init__(self, world_size: int, comm_dtype: torch.dtype | None = None,
@@ -86,11 +88,11 @@ class GradReducer:
         self.wire.add(kind, kind, t.numel() * t.element_size(), world=self.world_size)
 
     def start(self, flat, full_grad: torch.Tensor) -> PendingReduce:
+        comm_dtype = getattr(flat, "comm_dtype", None) or self.comm_dtype
         pre = self.predivide
-        if pre == 1.0 and flat.partitions > 1:
+        if pre == 1.0 and flat.partitions > 1 and comm_dtype != torch.float32:
             pre = float(self.world_size)  # DeepSpeed's ZeRO averages before the sum
         send = full_grad if pre == 1.0 else full_grad.div_(pre)
-        comm_dtype = getattr(flat, "comm_dtype", None) or self.comm_dtype
         if comm_dtype != torch.float32:
             send = send.to(comm_dtype)
         post = pre / self.world_size
