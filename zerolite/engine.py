@@ -265,6 +265,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         scaled = self._scaled_loss(gas_scaled)
         set_phase("backward")
         start = time.perf_counter()
+        self.sharded.hide_param_grads()
         self.sharded.set_accumulation_boundary(self.is_gradient_accumulation_boundary())
         self._in_engine_backward = True
         try:
@@ -328,6 +329,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         self._loss_scaled_by_user = False
         set_phase("backward")
         self._torch_backward_start = time.perf_counter()
+        self.sharded.hide_param_grads()
         self.sharded.set_accumulation_boundary(self.is_gradient_accumulation_boundary())
         self.sharded.set_grad_scale(1.0 / self.gradient_accumulation_steps())
         torch.autograd.Variable._execution_engine.queue_callback(self._end_torch_style_backward)
@@ -431,6 +433,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
 
     @torch.no_grad()
     def _apply_update(self) -> None:
+        self.sharded.hide_param_grads()  # the step takes the gradients, p.grad ends None
         self.sharded.reduce_deferred_grads()
         cfg = self._config
         if cfg.zero_optimization.stage > 0 or cfg.precision_dtype != torch.float32:
@@ -494,6 +497,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         """Safe at any time: accumulated shard grads are cleared by step() itself, so this
         only drops grads left over outside an accumulation window."""
         if self.micro_steps % self.gradient_accumulation_steps() == 0:
+            self.sharded.hide_param_grads()
             for flat in self.sharded.flats:
                 if flat.master is not None:
                     flat.master.grad = None

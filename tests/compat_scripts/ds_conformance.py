@@ -1581,15 +1581,21 @@ def torch_adam_defaults(tmp):
 
 def param_grad_after_backward(tmp):
     """What `p.grad` holds after engine.backward (accumulation 2) at stages 0-3 and in bf16 at
-    stage 0: None, or its norm (a program clipping or logging gradients by hand reads it)."""
+    stage 0: None, or its norm (a program clipping or logging gradients by hand reads it); and
+    a program that clips p.grad by hand before each step at stage 0 (SGD, so the clip shows)."""
     rec = {}
     for name, stage, extra in (("stage0", 0, {}), ("stage1", 1, {}), ("stage2", 2, {}),
-                               ("stage3", 3, {}), ("bf16_stage0", 0, {"bf16": {"enabled": True}})):
-        engine = initialized(mlp, config(stage, gas=2, optimizer=adamw(), **extra))
+                               ("stage3", 3, {}), ("bf16_stage0", 0, {"bf16": {"enabled": True}}),
+                               ("stage0_clipped_by_hand", 0, None)):
+        hand_clip = extra is None
+        opt = {"type": "SGD", "params": {"lr": 0.1}} if hand_clip else adamw()
+        engine = initialized(mlp, config(stage, gas=2, optimizer=opt, **(extra or {})))
         seen = []
         for x, y in batches(4, 2):
             out = engine(x.bfloat16() if extra else x)
             engine.backward(F.mse_loss(out.float(), y))
+            if hand_clip and engine.is_gradient_accumulation_boundary():
+                torch.nn.utils.clip_grad_norm_(engine.module.parameters(), 0.05)
             seen.append([None if p.grad is None else float(p.grad.float().norm())
                          for p in engine.module.parameters()])
             engine.step()

@@ -175,6 +175,9 @@ class ShardedModel:
         self.master_dtype = master_dtype
         """dtype of the masters and their gradient shards (fp32, or bf16 masters)."""
         self.comm_dtypes = comm_dtypes or {}
+        self.shows_param_grads = self.stage <= 1 and compute_dtype == torch.float32
+        """Stages 0-1 in fp32: `p.grad` shows the gradient after a backward
+        (show_param_grads)."""
         self.reducer = reducer or GradReducer(world_size)
         self.gatherer = gatherer or ParamGatherer()
         apply_leaf_module_config(module, options.leaf_module, DEFAULT_LEAF_MODULE_CLASSES)
@@ -457,6 +460,40 @@ class ShardedModel:
         self.residency.scheduler.end_step()
         self.state = TrainingState.IDLE
         self.pool.reuse_blocked = False
+        self.show_param_grads()
+
+    # [Note: p.grad at stages 0-1] DeepSpeed's stage 0 leaves each gradient on its parameter:
+    # after a backward `p.grad` is this rank's sum so far (between micro-steps) or the
+    # all-reduced average (after the boundary's), until the step; its stage 1 the local sum
+    # between micro-steps (None after the boundary's backward). A program may read it or clip
+    # it in place, and the step uses what it finds. Here the gradients live in the flats'
+    # buffers, so in fp32 `p.grad` is pointed at the parameter's slot of the buffer the step
+    # will use (the accumulation buffer, then stage 0's reduced gradient): an in-place change
+    # is the change the step sees. Every backward starts with `p.grad` None
+    # (hide_param_grads), so autograd hands the hooks the new gradient alone and never adds
+    # into the buffer behind their back; the step (and zero_grad) ends with None, as
+    # DeepSpeed's zero_grad. bf16/fp16 (a parameter and its fp32 gradient differ in dtype) and
+    # stages 2-3 keep `p.grad` None, as DeepSpeed's stages 2-3 do.
+    def show_param_grads(self) -> None:
+        """After a backward at stages 0-1 in fp32: each trainable parameter's `.grad` views
+        its gradient ([Note: p.grad at stages 0-1])."""
+        if not self.shows_param_grads or (self.stage == 1 and self.grad_sync.at_boundary):
+            return
+        for flat in self.flats:
+            if flat.master is None:
+                continue
+            source = flat.grad_buffer if flat.grad_buffer is not None else flat.master.grad
+            if source is None or source.device != flat.device:
+                continue
+            for slot, p in zip(flat.slots, flat.params):
+                p.grad = slot.view(source)
+
+    def hide_param_grads(self) -> None:
+        """Before a backward and after the step: `p.grad` back to None (stages 0-1 in fp32)."""
+        if self.shows_param_grads:
+            for flat in self.flats:
+                for p in flat.params:
+                    p.grad = None
 
     def reduce_deferred_grads(self) -> None:
         """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
