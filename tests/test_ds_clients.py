@@ -16,6 +16,7 @@ fails, as in test_ds_conformance.py.
 import fnmatch
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -84,6 +85,9 @@ def _launch(script, args, out, under_deepspeed):
     # what is compared); zerolite's run must end cleanly the first time.
     side = "DeepSpeed" if under_deepspeed else "zerolite"
     for attempt in range(2 if under_deepspeed else 1):
+        if attempt:
+            shutil.rmtree(out)  # nothing of the failed attempt is compared
+            os.makedirs(out)
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                "--nproc_per_node", "2", *runner, *args], cwd=out, env=env,
                               capture_output=True, text=True, timeout=900)
