@@ -31,6 +31,8 @@ class FakeFlat:
         self.full = torch.empty(self.padded_numel, dtype=dtype)
         self.shard = torch.empty(shard_numel, dtype=dtype)
         self.secondary = None  # no hpZ secondary shard held
+        self.comm_dtype = None  # the reducer's own dtype
+        self.fetch_dtype = None  # gathers in the compute dtype
 
     def alloc_full(self):
         return self.full

@@ -88,7 +88,7 @@ class GradReducer:
         self.wire.add(kind, kind, t.numel() * t.element_size(), world=self.world_size)
 
     def start(self, flat, full_grad: torch.Tensor) -> PendingReduce:
-        comm_dtype = getattr(flat, "comm_dtype", None) or self.comm_dtype
+        comm_dtype = flat.comm_dtype or self.comm_dtype
         pre = self.predivide
         if pre == 1.0 and flat.partitions > 1 and comm_dtype != torch.float32:
             pre = float(self.world_size)  # DeepSpeed's ZeRO averages before the sum
