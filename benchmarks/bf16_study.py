@@ -5,10 +5,12 @@
 For each workload and seed, ZeRO-3 at world 2 trains the same model on the same global
 batches in fp32 and in bf16; the metric is the mean over steps of |bf16 loss - fp32 loss|
 (and the final eval loss, bf16 / fp32). Engines:
-  zerolite   ZeRO-3, bf16 params, fp32 masters, fp32 gradient reduction (its defaults)
+  zerolite   ZeRO-3, bf16 params, fp32 masters, gradients reduced and summed in bf16
+             (its defaults, DeepSpeed's)
   reference  plain torch, one process (zerolite/testing/bf16_reference.py): a bf16 module
              copy for forward/backward, fp32 masters updated by torch AdamW, re-cast each
-             step; the global batch in 2 pieces whose fp32 grads are averaged (= world 2)
+             step; the global batch in 2 pieces whose bf16 grads are averaged as
+             ZeRO-3 averages them (= world 2)
   torch-1    the same reference with one bf16 backward over the whole global batch
   deepspeed  DeepSpeed ZeRO-3 as its users run it on CPU (defaults; torch_adam: no op
              build), when /work/venv-ds (or $DS_PYTHON) imports deepspeed
@@ -117,7 +119,7 @@ def run_engine(kind, workload, seed, bf16):
     return run_ranks(_rank_run, WORLD, kind, workload, seed, bf16, timeout_s=600)[0]
 
 
-def run_reference(workload, seed, bf16, pieces):
+def run_reference(workload, seed, bf16, world):
     steps, _, lr, clip = WORKLOADS[workload]
     dtype = torch.bfloat16 if bf16 else torch.float32
     batches = make_batches(workload, seed, steps)
@@ -125,12 +127,12 @@ def run_reference(workload, seed, bf16, pieces):
     losses, state = train_bf16_master_reference(
         model, batches[:steps], lambda m, x, y: loss_of(workload, m, x, y, dtype),
         lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=0.0),
-        clip=clip, pieces=pieces, dtype=dtype)
+        clip=clip, world=world, dtype=dtype)
     model.load_state_dict(state)  # the masters; the run's module is their cast to dtype
     model.to(dtype).eval()
     with torch.no_grad():
         ev = [statistics.fmean(loss_of(workload, model, x, y, dtype).float().item()
-                               for x, y in split_rows(b, pieces)) for b in batches[steps:]]
+                               for x, y in split_rows(b, world)) for b in batches[steps:]]
     return {"losses": losses, "eval": statistics.fmean(ev)}
 
 
@@ -193,7 +195,7 @@ def markdown(summary: dict, same_algo: dict, seeds: list, notes: list) -> str:
             lines.append(f"| {workload} ({WORKLOADS[workload][0]}) | {engine} | {s['mean']:.4f} ± "
                          f"{s['stdev']:.4f} [{s['min']:.4f}-{s['max']:.4f}] | {per} | "
                          f"{s['eval_ratio_mean']:.3f} |")
-    lines += ["", "zerolite bf16 vs the reference bf16 (same pieces), max |Δloss| over all steps "
+    lines += ["", "zerolite bf16 vs the reference bf16 (same world), max |Δloss| over all steps "
               "and seeds: " + ", ".join(f"{w} {v:.3g}" for w, v in same_algo.items()), ""]
     lines += [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -218,8 +220,8 @@ def main(argv=None) -> None:
         for s in seeds:
             for bf16 in (False, True):
                 runs["zerolite", w, s, bf16] = run_engine("zerolite", w, s, bf16)
-                runs["reference", w, s, bf16] = run_reference(w, s, bf16, pieces=WORLD)
-                runs["torch-1", w, s, bf16] = run_reference(w, s, bf16, pieces=1)
+                runs["reference", w, s, bf16] = run_reference(w, s, bf16, world=WORLD)
+                runs["torch-1", w, s, bf16] = run_reference(w, s, bf16, world=1)
             print(f"[bf16] {w} seed {s} done ({time.perf_counter() - start:.0f}s)", flush=True)
         same_algo[w] = max(abs(a - b) for s in seeds for a, b in zip(
             runs["zerolite", w, s, True]["losses"], runs["reference", w, s, True]["losses"]))

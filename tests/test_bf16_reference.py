@@ -4,7 +4,7 @@ step for step, on the tiny GPT (fp32 loss, tied embedding, gas 2, clipping) and 
 DeepSpeed-tutorial CNN (bf16 inputs cast by the user, loss in bf16).
 
 Note: the tolerance is fp32-tight on purpose. Any real difference in the bf16 path (grads
-summed in bf16, masters built from the bf16 cast, a truncating re-cast) moves some bf16
+summed at another precision, masters built from the bf16 cast, a truncating re-cast) moves some bf16
 weight by one bf16 ulp (~4e-3 relative) within a step or two, far above it.
 """
 from contextlib import contextmanager
@@ -90,7 +90,7 @@ def test_bf16_gpt_matches_bf16_master_reference():
     got = run_ranks(_gpt_rank, WORLD)[0]
     with one_thread():
         want = train_bf16_master_reference(tiny_gpt(), batches(GPT_STEPS), lambda m, x, y: m(x, y),
-                                           adamw, clip=CLIP, pieces=WORLD * GAS)
+                                           adamw, clip=CLIP, world=WORLD, gas=GAS)
     _assert_same_trajectory(got, want)
     assert got[0][-1] < got[0][0] - 0.1  # it learns
 
@@ -100,7 +100,7 @@ def test_bf16_cnn_matches_bf16_master_reference():
     with one_thread():
         want = train_bf16_master_reference(
             _cnn_model(), cifar_batches(CNN_STEPS, CNN_BATCH), _cnn_loss,
-            lambda ps: torch.optim.AdamW(ps, lr=CNN_LR, weight_decay=0.0), clip=1.0, pieces=WORLD)
+            lambda ps: torch.optim.AdamW(ps, lr=CNN_LR, weight_decay=0.0), clip=1.0, world=WORLD)
     _assert_same_trajectory(got, want)
 
 

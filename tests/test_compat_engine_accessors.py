@@ -172,7 +172,7 @@ def test_client_objects_and_defaults():
         "cpuadam_cores_perc": 0.9, "super_offload": False,
         "is_first_weights_partition_group": False, "zero_force_ds_cpu_optimizer": True,
         "postscale_gradients": True, "get_mom": [0.5]}
-    assert r["communication_data_type"] is torch.float32
+    assert r["communication_data_type"] is torch.bfloat16  # the training dtype, as DeepSpeed's
     assert sorted(x for b in r["loader_batches"] for x in b) == [float(i) for i in range(10)]
 
 

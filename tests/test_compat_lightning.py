@@ -111,7 +111,7 @@ def _bf16_reference(world=2):
     losses, state = train_bf16_master_reference(
         model, batches, loss_fn,
         lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01), clip=m.CLIP,
-        pieces=world * m.GAS,
+        world=world, gas=m.GAS, stage=3,
         make_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s)))
     return torch.tensor(losses) * m.GAS, state  # the losses as Lightning records them
 

@@ -69,11 +69,12 @@ def _train_bf16(rank, world):
 def test_stage3_bf16_on_cuda_matches_bf16_master_reference(world):
     """bf16 params + fp32 masters on the GPU, against the plain-torch reference of that
     algorithm on the same GPU with the same micro-batch shapes. Below one bf16 ulp (~4e-3
-    relative): a bf16-summed gradient or a truncating re-cast moves weights by a whole ulp."""
+    relative): a gradient summed at another precision or a truncating re-cast moves weights by a
+    whole ulp."""
     model = tiny_gpt().to("cuda:0")
     ref_losses, ref_state = train_bf16_master_reference(
         model, batches(), lambda m, x, y: m(x.to("cuda:0"), y.to("cuda:0")), adamw, clip=CLIP,
-        pieces=world * GAS)
+        world=world, gas=GAS)
     losses, params = run_ranks(_train_bf16, world, timeout_s=600)[0]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=0)
     for name, value in _cpu(ref_state).items():

@@ -175,8 +175,9 @@ def _engine_rank(rank, world, ef, bf16, warmup=0, steps=STEPS):
 def sparse_reference(model, steps, world, layout, ef, dtype, warmup=0):
     """Plain torch, one process: each rank's micro-batch gradient (in `dtype`, with fp32
     masters as zerolite's bf16 mode), flattened per unit as the engine's layout, the same
-    top-k selection and residual per rank and unit, summed in rank order, averaged,
-    accumulated over micro-steps, float64-norm clipping, torch AdamW."""
+    top-k selection and residual per rank and unit, summed in rank order (fp32 values on the
+    wire), averaged, accumulated over micro-steps at the precision of `dtype` (DeepSpeed's
+    default grad_accum_dtype), float64-norm clipping, torch AdamW."""
     names = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(p, []).append(name)
@@ -219,8 +220,10 @@ def sparse_reference(model, steps, world, layout, ef, dtype, warmup=0):
                     idx, vals, res = topk_select_ref(acc, selected_count(padded, RATIO))
                     residuals[(r, u)] = res if ef else residuals[(r, u)]
                     summed += torch.zeros(padded).index_put_((idx.long(),), vals)
-                shard = summed.mul_(1.0 / world)
-                flat_grads[u] = shard if flat_grads[u] is None else flat_grads[u].add_(shard)
+                # kept at the training dtype's precision ([Note: gradient precision])
+                shard = summed.mul_(1.0 / world).to(dtype).float()
+                flat_grads[u] = shard if flat_grads[u] is None else \
+                    flat_grads[u].add_(shard).to(dtype).float()
         for (names_u, slots, _), fg in zip(layout, flat_grads):
             for n, (off, num) in zip(names_u, slots):
                 mp = masters[alias[n]]

@@ -151,7 +151,8 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
                                     device_layer=self.device_layer,
                                     plan=self.placement_plan, secondary=hpz_group,
                                     master_dtype=config.master_dtype,
-                                    comm_dtypes=self.torch_autocast.comm_dtypes(model, zc.stage))
+                                    comm_dtypes=self.torch_autocast.comm_dtypes(model, zc.stage),
+                                    grad_accum_dtype=config.grad_accum_torch_dtype)
         masters = self.sharded.master_groups(group_hparams)
         opt_cfg = config.optimizer
         bf16_masters = config.bf16.bf16_master_weights_and_grads

@@ -316,10 +316,9 @@ class DeepSpeedAccessors(RefusedEngineMethods):
 
     @property
     def communication_data_type(self) -> torch.dtype:
-        """The dtype gradients are reduced in: communication_data_type's, else float32.
-        (DeepSpeed defaults to the training dtype; zerolite sends fp32 unless told.)"""
-        name = self._config.communication_data_type
-        return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(name, torch.float32)
+        """The dtype gradients are reduced in: communication_data_type's, else the training
+        dtype (as DeepSpeed's)."""
+        return self._config.communication_torch_dtype
 
     @communication_data_type.setter
     def communication_data_type(self, value) -> None:

@@ -81,8 +81,8 @@ class Workload:
     param_bytes: int = 2
     """Bytes per parameter element gathered (2: bf16/fp16, 4: fp32)."""
     grad_bytes: int = 2
-    """Bytes per gradient element reduced (DeepSpeed: the compute dtype; zerolite's default
-    reducer sends fp32 (4) unless communication_data_type says otherwise)."""
+    """Bytes per gradient element reduced (communication_data_type; both engines default to
+    the compute dtype)."""
     hpz: int | None = None
     """hpZ secondary partition size; None = GPUs per node."""
     qwz_bits: int = 8

@@ -23,8 +23,8 @@ engine.memory_stats() of real runs (tests/test_memory_estimate.py):
     (zerolite/state_bytes.py holds the table)
 
 Note: the ZeRO paper's table (16Ψ at stage 0, 16Ψ/N at stage 3 with 16-bit grads) is
-DeepSpeed's accounting. zerolite differs in two places: gradients are fp32 (reduced and accumulated in
-fp32: +2Ψ or +2Ψ/N in mixed precision), and at stages 0-2 the full compute-dtype params sit
+DeepSpeed's accounting. zerolite differs in two places: gradients sit in fp32 buffers (rounded to
+the accumulation dtype where DeepSpeed's 16-bit ones round: +2Ψ or +2Ψ/N in mixed precision), and at stages 0-2 the full compute-dtype params sit
 next to the shard (stage 0: one extra full copy; stages 1-2: an extra 1/N).
 
 Stage 3 also holds the units gathered at the moment (reported separately), and with hpZ

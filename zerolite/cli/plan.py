@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype-bytes", type=int, default=2,
                    help="bytes per gathered parameter element (2: bf16; 4: fp32)")
     p.add_argument("--grad-bytes", type=int, default=None,
-                   help="bytes per reduced gradient element (default: --dtype-bytes, as "
-                        "DeepSpeed; zerolite's reducer sends 4 unless communication_data_type)")
+                   help="bytes per reduced gradient element (default: --dtype-bytes, the "
+                        "communication_data_type default of DeepSpeed and zerolite)")
     p.add_argument("--hpz", type=int, default=None, help="hpZ partition size (default: node)")
     p.add_argument("--qwz-bits", type=int, default=8)
     p.add_argument("--qgz-bits", type=int, default=4)

@@ -5,7 +5,6 @@ from zerolite.comm.quantized import QuantizedGradReducer, QuantizedParamGatherer
 from zerolite.comm.reducers import GradReducer, ParamGatherer
 from zerolite.comm.sparse import SparseGradReducer
 from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
-from zerolite.config import TORCH_DTYPES
 
 
 
@@ -27,8 +26,7 @@ def _grad_reducer(config, world_size: int, wire) -> GradReducer:
         return QuantizedGradReducer(world_size, bits=extras.quantized_gradients_bits,
                                     block_size=extras.quantized_block_size,
                                     error_feedback=extras.quantized_error_feedback, wire=wire)
-    comm_dtype = TORCH_DTYPES[config.communication_data_type] \
-        if config.communication_data_type else None
+    comm_dtype = config.communication_torch_dtype
     predivide = config.gradient_predivide_factor if config.prescale_gradients else 1.0
     sparse = config.zerolite.sparse_gradients
     if sparse is not None:

@@ -55,7 +55,8 @@ class GradReducer:
 
     `comm_dtype` (DeepSpeed's `communication_data_type`) sends 16-bit values; reduce_scatter
     and all_reduce sum in that dtype, all_to_all sums the received chunks in fp32 and rounds
-    the sum to it. The default sends fp32; a flat's own `comm_dtype` (torch_autocast) wins.
+    the sum to it. Without one it sends fp32 (build.py passes the training dtype, DeepSpeed's
+    default); a flat's own `comm_dtype` (torch_autocast) wins.
     `predivide` (DeepSpeed's `gradient_predivide_factor` with `prescale_gradients`) divides
     before the sum and the rest after; without it, a 16-bit send from a sharded flat
     (stages 1-3) is divided by the world size before the sum, as DeepSpeed's ZeRO optimizers

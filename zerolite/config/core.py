@@ -15,8 +15,8 @@ from typing import Any
 from zerolite.errors import ZeroliteConfigError
 
 from ._util import (
-    ParseContext, check_bool, check_dtype_name, check_float, check_int, check_object, fail,
-    fail_msg, is_auto,
+    TORCH_DTYPES, ParseContext, check_bool, check_dtype_name, check_float, check_int,
+    check_object, fail, fail_msg, is_auto,
     logger, show, to_jsonable,
 )
 from .batch import BATCH_KEYS, derive_batch
@@ -137,6 +137,17 @@ class ZeroConfig:
                                                       self.zero_force_ds_cpu_optimizer)
         self._check_sparse_gradients()
         self._check_bf16_masters()
+        self._check_grad_accum_dtype(mode or "fp32")
+
+    def _check_grad_accum_dtype(self, mode: str) -> None:
+        """Stage 0 accumulates in the training dtype: DeepSpeed 0.19 refuses another one
+        there (NotImplementedError, "unsupported mix of model_dtype and grad_accum_dtype")."""
+        accum = self.data_types.grad_accum_dtype
+        if self.zero_optimization.stage == 0 and accum not in (None, mode):
+            fail_msg("data_types.grad_accum_dtype",
+                     f"{accum!r} with {mode} training at zero_optimization.stage 0: stage 0 "
+                     "accumulates gradients in the training dtype (DeepSpeed refuses this mix "
+                     "too); omit it, or use stage 1-3, which accumulate in any dtype")
 
     def _check_sparse_gradients(self) -> None:
         """zerolite.sparse_gradients needs sharded gradients and excludes qgZ."""
@@ -182,6 +193,21 @@ class ZeroConfig:
         import torch
 
         return torch.bfloat16 if self.bf16.bf16_master_weights_and_grads else torch.float32
+
+    @property
+    def grad_accum_torch_dtype(self):
+        """torch dtype gradients are accumulated and kept in: data_types.grad_accum_dtype,
+        else the training dtype, as DeepSpeed's ([Note: gradient precision])."""
+        name = self.data_types.grad_accum_dtype
+        return TORCH_DTYPES[name] if name else self.precision_dtype
+
+    @property
+    def communication_torch_dtype(self):
+        """torch dtype gradients are reduced in: communication_data_type, else the training
+        dtype, as DeepSpeed's (fp32 under torch_autocast, whose safe modules' gradients go
+        in the autocast dtype, zerolite/autocast.py)."""
+        name = self.communication_data_type
+        return TORCH_DTYPES[name] if name else self.precision_dtype
 
     @property
     def precision_dtype(self):

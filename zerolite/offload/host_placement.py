@@ -67,6 +67,7 @@ class HostMaster(MasterPlacement):
         master = flat.master
         if shard.dtype != master.dtype:
             shard = shard.to(master.dtype)  # bf16 masters: cast on the device, half the bytes
+        flat.round_grad_(shard)  # [Note: gradient precision]
         if master.grad is None:  # first micro-step of the window: straight into the buffer
             master.grad = self.grad
             self.transfers.to_host(self.grad, shard, name)
@@ -78,7 +79,8 @@ class HostMaster(MasterPlacement):
         self._staged = True
 
         def accumulate():
-            master.grad.add_(self.staging)  # the same add (in the master's dtype) as on device
+            # the same add (in the master's dtype, at the flat's precision) as on device
+            flat.round_grad_(master.grad.add_(self.staging))
             self._staged = False
 
         self.transfers.to_host(self.staging, shard, name, then=accumulate)

@@ -4,10 +4,13 @@ written in plain torch, for the bf16 tests and the bf16 study.
 A bf16 copy of the model runs forward and backward; fp32 masters, taken from the model's
 ORIGINAL fp32 values (not from the bf16 copy), are updated by a torch optimizer on fp32
 gradients, and the bf16 copy is re-cast (round-to-nearest) from them after every step.
-The global batch is split into `pieces` equal row blocks (what the ranks x micro-steps
-of a distributed run see); each piece's bf16 gradients are cast to fp32 and the pieces
-are averaged in fp32, as zerolite's fp32 reduction does. pieces=1: one bf16 backward over
-the whole global batch.
+The global batch is split into world x gas equal row blocks, rank-major (piece r*gas + k is
+rank r's micro-step k, as reference.rank_micro_batches deals them), each backward of the
+loss divided by gas, as engine.backward divides it; the pieces' gradients are combined with
+DeepSpeed's arithmetic ([Note: gradient precision] in zerolite/zero/flat_param.py): summed
+in the accumulation dtype and reduced in the communication dtype (both default to the
+training dtype), each rank's micro-steps first at stages 0-1, each micro-step's reduction
+first at stages 2-3. world=gas=1: one backward over the whole global batch.
 """
 from __future__ import annotations
 
@@ -28,11 +31,53 @@ def split_rows(batch, pieces: int):
     return [(x[i * n:(i + 1) * n], y[i * n:(i + 1) * n]) for i in range(pieces)]
 
 
+def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 `t` rounded to `dtype` (as a 16-bit tensor op stores its fp32 result)."""
+    return t.to(dtype).float()
+
+
+def combine_gradients(grads, *, world: int, gas: int, stage: int, comm_dtype: torch.dtype,
+                      accum_dtype: torch.dtype) -> torch.Tensor:
+    """One parameter's gradient for the step, from `grads[r * gas + k]` (rank r's micro-step
+    k, already divided by gas) with DeepSpeed's arithmetic: stages 0-1 add each rank's
+    micro-steps in `accum_dtype`, then sum the ranks in `comm_dtype` (stage 0 divides by the
+    world after the sum, stages 1-3 before it, as DeepSpeed's engine and ZeRO optimizers do);
+    stages 2-3 reduce each micro-step so and add the reduced ones in `accum_dtype`. Ranks
+    are summed in rank order (the collective's own order at world 2). Returns fp32."""
+    def reduced(parts):
+        pre = stage > 0
+        total = None
+        for part in parts:
+            send = _rounded(part, comm_dtype)
+            if pre:
+                send = _rounded(send / world, comm_dtype)
+            total = send if total is None else _rounded(total + send, comm_dtype)
+        if not pre:
+            total = _rounded(total / world, comm_dtype)
+        return _rounded(total, accum_dtype)
+
+    def accumulated(parts):
+        total = None
+        for part in parts:
+            part = _rounded(part, accum_dtype)
+            total = part if total is None else _rounded(total + part, accum_dtype)
+        return total
+
+    piece = lambda r, k: grads[r * gas + k].float()  # noqa: E731
+    if stage <= 1:
+        return reduced([accumulated([piece(r, k) for k in range(gas)]) for r in range(world)])
+    return accumulated([reduced([piece(r, k) for r in range(world)]) for k in range(gas)])
+
+
 def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimizer, *,
-                                clip: float = 0.0, pieces: int = 1,
-                                dtype: torch.dtype = torch.bfloat16, make_scheduler=None):
+                                clip: float = 0.0, world: int = 1, gas: int = 1,
+                                stage: int = 3, dtype: torch.dtype = torch.bfloat16,
+                                comm_dtype: torch.dtype | None = None,
+                                accum_dtype: torch.dtype | None = None, make_scheduler=None):
     """loss_fn(module, inputs, targets) -> scalar loss (the module runs in `dtype`).
-    `make_scheduler(optimizer)`: an LR scheduler stepped after every optimizer step.
+    `comm_dtype` / `accum_dtype`: DeepSpeed's communication_data_type and
+    data_types.grad_accum_dtype (None: `dtype`, their default). `make_scheduler(optimizer)`:
+    an LR scheduler stepped after every optimizer step.
 
     Returns (per-step mean losses, final fp32 master state dict by parameter name).
     """
@@ -45,20 +90,21 @@ def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimiz
     work_params = list(dict.fromkeys(work.parameters()))
     opt = make_optimizer(masters)
     sched = make_scheduler(opt) if make_scheduler is not None else None
+    arithmetic = dict(world=world, gas=gas, stage=stage, comm_dtype=comm_dtype or dtype,
+                      accum_dtype=accum_dtype or dtype)
     losses = []
     for batch in batches:
-        grads = [torch.zeros_like(m) for m in masters]
+        per_piece = []
         total = 0.0
-        for x, y in split_rows(batch, pieces):
+        for x, y in split_rows(batch, world * gas):
             loss = loss_fn(work, x, y)
-            loss.backward()
-            for g, p in zip(grads, work_params):
-                if p.grad is not None:
-                    g.add_(p.grad.float())
+            (loss / gas).backward()
+            per_piece.append([torch.zeros_like(p, dtype=torch.float32) if p.grad is None
+                              else p.grad.float() for p in work_params])
             work.zero_grad(set_to_none=True)
             total += loss.float().item()
-        for m, g in zip(masters, grads):
-            m.grad = g.mul_(1.0 / pieces)
+        for i, m in enumerate(masters):
+            m.grad = combine_gradients([g[i] for g in per_piece], **arithmetic)
         if clip > 0:
             clip_grads_([m.grad for m in masters], clip)
         opt.step()
@@ -68,7 +114,7 @@ def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimiz
         with torch.no_grad():
             for p, m in zip(work_params, masters):
                 p.copy_(m)
-        losses.append(total / pieces)
+        losses.append(total / (world * gas))
     state = {name: m.detach().clone() for p, m in zip(params, masters) for name in names[p]}
     return losses, state
 
@@ -102,8 +148,8 @@ def train_bf16_masters_reference(model: nn.Module, batches, loss_fn, *, world: i
     gradient shard lives in the master's dtype). Then float64-norm clipping of the bf16
     gradients and the AdamW step of triton_kernels (fp32 maths, stored with `rounding`;
     moments in bf16, or fp32 with `fp32_moments`). `reduce_each_micro_step=False` (ZeRO
-    stage 1, which reduces once per step): each rank sums its micro-steps in fp32 first, and
-    the one reduced sum is stored in bf16.
+    stage 1, which reduces once per step): each rank sums its micro-steps in bf16 first
+    (DeepSpeed's default grad_accum_dtype), and the one reduced sum is stored in bf16.
 
     Returns (per-step mean losses, final bf16 weights by parameter name).
     """
@@ -131,8 +177,8 @@ def train_bf16_masters_reference(model: nn.Module, batches, loss_fn, *, world: i
                     loss = loss_fn(work, *pieces[r * gas + k])
                     loss.backward()
                     for acc, p in zip(local, params):
-                        if p.grad is not None:
-                            acc.add_(p.grad.float(), alpha=1.0 / gas)
+                        if p.grad is not None:  # summed in bf16 (grad_accum_dtype)
+                            acc.copy_(acc.add_(p.grad.float(), alpha=1.0 / gas).bfloat16())
                     work.zero_grad(set_to_none=True)
                     total += loss.float().item()
                 for red, acc in zip(reduced, local):

@@ -69,7 +69,8 @@ class FlatParam:
                  pool: BufferPool | None = None, placement: FlatPlacement | None = None,
                  master_dtype: torch.dtype = torch.float32,
                  secondary_partitions: int = 1, secondary_rank: int = 0,
-                 comm_dtype: torch.dtype | None = None, fetch_dtype: torch.dtype | None = None):
+                 comm_dtype: torch.dtype | None = None, fetch_dtype: torch.dtype | None = None,
+                 grad_accum_dtype: torch.dtype = torch.float32):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -98,6 +99,9 @@ class FlatParam:
         """dtype the forward/backward fetches all-gather the shard in (torch_autocast at
         stage 3: DeepSpeed's fetch gathers the safe modules' weights in the autocast dtype);
         None = the compute dtype. GatheredParameters and checkpoints gather exactly."""
+        self.grad_accum_dtype = grad_accum_dtype
+        """The precision this flat's gradients are kept at between micro-steps and after
+        their reduction ([Note: gradient precision])."""
         device = params[0][1].device
         slots, offset = [], 0
         for names, p in params:
@@ -275,6 +279,22 @@ class FlatParam:
         self.placement.master.take_grad_shard(self, shard, name)
 
     # -- gradients ---------------------------------------------------------------------
+    # [Note: gradient precision] DeepSpeed keeps gradients in data_types.grad_accum_dtype
+    # (default: the training dtype, so bf16 under bf16 and fp16 under fp16) and sends them in
+    # communication_data_type (default: the training dtype too): stages 0-1 add each
+    # micro-step's gradient to the local sum in that dtype and reduce the sum once; stages 2-3
+    # reduce every micro-step and add the reduced shard to the accumulated one in that dtype;
+    # the optimizer gets the fp32 value of the result. zerolite's buffers stay fp32 and are
+    # rounded to `grad_accum_dtype` wherever DeepSpeed's would round (an fp32 add then a
+    # rounding is what torch's 16-bit add does), so a step gets DeepSpeed's gradient bit for
+    # bit; `data_types.grad_accum_dtype: "fp32"` and `communication_data_type: "fp32"` keep
+    # every bit of the sums, as they do there.
+    def round_grad_(self, grad: torch.Tensor) -> torch.Tensor:
+        """Round the fp32 `grad` in place to `grad_accum_dtype` (Note above)."""
+        if grad.dtype == torch.float32 and self.grad_accum_dtype != torch.float32:
+            grad.copy_(grad.to(self.grad_accum_dtype))
+        return grad
+
     def take_param_grad(self, index: int, scale: float = 1.0) -> bool:
         """Move param `index`'s grad, times `scale`, into the flat buffer. Returns True when
         all are in."""
@@ -293,12 +313,12 @@ class FlatParam:
             if not self._slot_written[index]:
                 view.zero_()
         elif self._slot_written[index]:
-            # accumulated over micro-steps (stage 1)
-            view.add_(p.grad.reshape(-1), alpha=scale)
+            # accumulated over micro-steps (stages 0-1)
+            self.round_grad_(view.add_(p.grad.reshape(-1), alpha=scale))
         else:
             view.copy_(p.grad.reshape(-1))
             if scale != 1.0:
-                view.mul_(scale)
+                self.round_grad_(view.mul_(scale))
         p.grad = None
         self._slot_written[index] = True
         self.grads_ready += 1

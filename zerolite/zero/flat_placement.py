@@ -118,14 +118,15 @@ class MasterPlacement:
 
     def take_grad_shard(self, flat, shard: torch.Tensor, name: str) -> None:
         """A reduced fp32 gradient shard for this master (added to a pending one), kept in
-        the master's dtype (bf16 with bf16.bf16_master_weights_and_grads, as DeepSpeed)."""
+        the master's dtype (bf16 with bf16.bf16_master_weights_and_grads, as DeepSpeed) at
+        the flat's gradient precision ([Note: gradient precision] in flat_param.py)."""
         master = flat.master
         if shard.dtype != master.dtype:
             shard = shard.to(master.dtype)
         if master.grad is None:
-            master.grad = shard
+            master.grad = flat.round_grad_(shard)
         else:
-            master.grad.add_(shard)
+            flat.round_grad_(master.grad.add_(flat.round_grad_(shard)))
 
     def refresh_shard(self, flat) -> None:
         """After the optimizer step: the new master values into the compute-dtype shard."""

@@ -152,12 +152,14 @@ class ShardedModel:
                  device_layer=None, plan: PlacementPlan = ON_DEVICE,
                  master_dtype: torch.dtype = torch.float32,
                  secondary: SecondaryGroup | None = None,
-                 comm_dtypes: dict[nn.Parameter, torch.dtype] | None = None):
+                 comm_dtypes: dict[nn.Parameter, torch.dtype] | None = None,
+                 grad_accum_dtype: torch.dtype = torch.float32):
         """`secondary`: this rank's hpZ group (stage 3, zero_hpz_partition_size > 1), the
         same one the gatherer gathers secondary shards over; None = no hpZ. `comm_dtypes`:
         the dtype each parameter's gradient is reduced in, where it is not the reducer's
         own (torch_autocast, zerolite/autocast.py): a unit's parameters are split into one
-        flat per such dtype."""
+        flat per such dtype. `grad_accum_dtype`: the precision gradients are kept at
+        ([Note: gradient precision] in flat_param.py)."""
         options = options or ShardingOptions()
         self.module = module
         self.options = options
@@ -175,6 +177,7 @@ class ShardedModel:
         self.master_dtype = master_dtype
         """dtype of the masters and their gradient shards (fp32, or bf16 masters)."""
         self.comm_dtypes = comm_dtypes or {}
+        self.grad_accum_dtype = grad_accum_dtype
         self.shows_param_grads = self.stage <= 1 and compute_dtype == torch.float32
         """Stages 0-1 in fp32: `p.grad` shows the gradient after a backward
         (show_param_grads)."""
@@ -271,7 +274,8 @@ class ShardedModel:
                            placement=next(placements), master_dtype=self.master_dtype,
                            secondary_partitions=hpz.size if hpz else 1,
                            secondary_rank=hpz.position if hpz else 0, comm_dtype=comm,
-                           fetch_dtype=fetch_dtype(ui, comm))
+                           fetch_dtype=fetch_dtype(ui, comm),
+                           grad_accum_dtype=self.grad_accum_dtype)
                  for (group, _, comm), items in unit_buckets]
                 for ui, unit_buckets in enumerate(buckets)]
 
