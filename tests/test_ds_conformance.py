@@ -74,6 +74,12 @@ DIFFERENCES = {
         "ZeRO optimizers fail inside their gradient-norm code (TypeError); zerolite steps "
         "with zero gradients, DeepSpeed's own rule for a parameter without a gradient "
         "(requires_grad_changed_after_initialize)",
+    "fp16_stage0_loss_scale.steps[*].*":
+        "fp16 at stage 0 with a torch optimizer: DeepSpeed 0.19.8's engine.backward does not "
+        "multiply the loss by the loss scale there, yet its FP16_UnfusedOptimizer divides the "
+        "gradients by it at the step, so every update is the loss scale (here 1024) times too "
+        "small (the first weight moves 1e-5, not lr x |grad| = 0.05); zerolite scales the loss "
+        "and unscales the gradients, as DeepSpeed's stages 1-3 do",
     "param_persistence.forward.*":
         "while DeepSpeed records its first trace it releases persistent parameters after each "
         "module; zerolite releases them at the end of that step's backward, never between a "

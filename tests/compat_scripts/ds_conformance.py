@@ -1605,6 +1605,70 @@ def param_grad_after_backward(tmp):
     return rec
 
 
+def gradient_precision(tmp):
+    """The gradient a step gets in bf16 and fp16 (accumulation 3): deepspeed.utils.
+    safe_get_full_grad after the boundary's backward, each parameter's first 16 values divided
+    by its largest magnitude (so a loss scale cancels). DeepSpeed adds the micro-steps and reduces in
+    the training dtype unless data_types.grad_accum_dtype / communication_data_type say
+    otherwise (stages 0-1: local sum, then one reduction; stages 2-3: a reduction per
+    micro-step, then the sum); one rounding elsewhere moves values by 2^-9 of their size. The
+    keys spell the dtype out, so the values compare at fp32 tolerance. Stage 0 with another
+    accumulation dtype is refused. (fp16 at stage 0 is left out: fp16_stage0_loss_scale.)"""
+    from deepspeed.utils import safe_get_full_grad
+
+    bf16, fp16 = {"bf16": {"enabled": True}}, {"fp16": {"enabled": True, "loss_scale": 1024}}
+    cases = {"bfloat16_stage0": (0, bf16), "bfloat16_stage1": (1, bf16),
+             "bfloat16_stage2": (2, bf16), "bfloat16_stage3": (3, bf16),
+             "bfloat16_stage1_fp32_accumulation": (1, {**bf16, "data_types": {
+                 "grad_accum_dtype": "fp32"}}),
+             "bfloat16_stage3_fp32_accumulation": (3, {**bf16, "data_types": {
+                 "grad_accum_dtype": "fp32"}}),
+             "bfloat16_stage2_fp32_communication": (2, {**bf16,
+                                                        "communication_data_type": "fp32"}),
+             "float16_stage1": (1, fp16), "float16_stage2": (2, fp16),
+             "float16_stage3": (3, fp16),
+             "bfloat16_stage0_fp32_accumulation": (0, {**bf16, "data_types": {
+                 "grad_accum_dtype": "fp32"}})}
+    rec = {}
+    for name, (stage, extra) in cases.items():
+        cast = torch.bfloat16 if "bf16" in extra else torch.float16
+        try:
+            engine = initialized(mlp, config(stage, gas=3, optimizer=adamw(), **extra))
+        except Exception as exc:  # stage 0 keeps the training dtype: refused
+            rec[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            continue
+        for i, (x, y) in enumerate(batches(3, 2)):
+            engine.backward(F.mse_loss(engine(x.to(cast)).float(), y))
+            if i == 2:
+                grads = [safe_get_full_grad(p).double().flatten()
+                         for p in engine.module.parameters()]
+            engine.step()
+        rec[name] = {"communication_data_type": str(engine.communication_data_type),
+                     "grads": [(g / g.abs().max())[:16].tolist() for g in grads]}
+        del engine
+        gc.collect()
+    return rec
+
+
+def fp16_stage0_loss_scale(tmp):
+    """fp16 at stage 0 with a torch optimizer (SGD, lr 0.1, static loss scale 1024): the
+    losses and how far each step moves the first weight."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config(
+        0, fp16={"enabled": True, "loss_scale": 1024}))
+    weight = engine.module[0].weight
+    rows = []
+    for x, y in batches(3, 2):
+        before = weight.detach().double().clone()
+        loss = F.mse_loss(engine(x.half()).float(), y)
+        engine.backward(loss)
+        engine.step()
+        rows.append({"loss": float(loss.item()),
+                     "change": float((weight.detach().double() - before).norm())})
+    return {"steps": rows}
+
+
 SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              client_optimizer_and_scheduler, client_optimizer_config_scheduler,
              client_sgd_not_allowed, offload_client_optimizer_refused,
@@ -1627,7 +1691,8 @@ SCENARIOS = [config_optimizer_scheduler_gas, _stage(0), _stage(1), _stage(2),
              requires_grad_changed_after_initialize, program_changes_hyperparameters,
              step_without_backward, module_load_state_dict_after_initialize,
              torch_autocast_mode, outer_autocast, torch_autocast_checkpoint,
-             torch_adam_defaults, param_grad_after_backward]
+             torch_adam_defaults, param_grad_after_backward, gradient_precision,
+             fp16_stage0_loss_scale]
 
 
 def main():
