@@ -185,7 +185,7 @@ def test_bad_include_exits_2_via_cli(tmp_path):
 
 # -- check-config --------------------------------------------------------------------------
 @pytest.mark.parametrize("precision, formulas", [
-    ("bf16", ["20Ψ", "6Ψ + 14Ψ/N", "2Ψ + 18Ψ/N", "18Ψ/N"]),
+    ("bf16", ["20Ψ", "4Ψ + 14Ψ/N", "2Ψ + 18Ψ/N", "18Ψ/N"]),
     ("fp32", ["20Ψ", "8Ψ + 12Ψ/N", "4Ψ + 16Ψ/N", "16Ψ/N"]),
 ])
 def test_estimator_formulas(precision, formulas):
@@ -255,7 +255,7 @@ def test_check_config_text_output():
     assert "train_batch_size 16 = micro batch 4 x gradient_accumulation_steps 1 x world_size 4" \
         in r.stdout
     assert '"stage": 3' in r.stdout  # resolved config
-    assert "18Ψ/N" in r.stdout and "6Ψ + 14Ψ/N" in r.stdout  # bf16: fp32 grads
+    assert "18Ψ/N" in r.stdout and "4Ψ + 14Ψ/N" in r.stdout  # bf16: stage 1 sums in bf16
     assert "activations" in r.stdout and "not included" in r.stdout
     gib = 18 * 1.3e9 / 4 / 2**30
     assert f"{gib:.3f} GiB <-" in r.stdout

@@ -281,7 +281,8 @@ def main(argv=None) -> dict:
             print(f"[peers] deepspeed skipped: {msg}", flush=True)
     if "bf16" in dtypes and "ddp" in engines:
         notes.append("ddp bf16 = fp32 params under torch.autocast('cpu', bfloat16); zerolite "
-                     "and fsdp2 keep bf16 compute copies of the params (fp32 masters/reduce); "
+                     "and fsdp2 keep bf16 compute copies of the params (fp32 masters; zerolite "
+                     "reduces in bf16 as DeepSpeed, fsdp2 in fp32); "
                      "the bf16 reference uses autocast, so bf16 Δloss is rounding, ~1e-2")
     settings = {"sizes": sizes, "worlds": worlds, "dtypes": dtypes, "engines": engines,
                 "configs": configs, "gas": gases, "steps": args.steps, "warmup": args.warmup}

@@ -23,8 +23,9 @@ engine.memory_stats() of real runs (tests/test_memory_estimate.py):
     (zerolite/state_bytes.py holds the table)
 
 Note: the ZeRO paper's table (16Ψ at stage 0, 16Ψ/N at stage 3 with 16-bit grads) is
-DeepSpeed's accounting. zerolite differs in two places: gradients sit in fp32 buffers (rounded to
-the accumulation dtype where DeepSpeed's 16-bit ones round: +2Ψ or +2Ψ/N in mixed precision), and at stages 0-2 the full compute-dtype params sit
+DeepSpeed's accounting. zerolite differs in two places: the reduced gradient is fp32 (rounded to
+the accumulation dtype where DeepSpeed's 16-bit one rounds: +2Ψ at stage 0, +2Ψ/N at stages
+2-3 in mixed precision; stage 1 accumulates in the parameters' dtype, as DeepSpeed), and at stages 0-2 the full compute-dtype params sit
 next to the shard (stage 0: one extra full copy; stages 1-2: an extra 1/N).
 
 Stage 3 also holds the units gathered at the moment (reported separately), and with hpZ
@@ -47,7 +48,7 @@ from zerolite.state_bytes import mode_of, state_bytes
 MIB = 1024 ** 2
 GIB = 1024 ** 3
 
-def _layout(sb, stage: int) -> dict[str, tuple[int, int]]:
+def _layout(sb, stage: int, accum_bytes: int) -> dict[str, tuple[int, int]]:
     """part -> bytes per parameter as (unsharded, sharded over N), for the StateBytes `sb`."""
     c = sb.compute
     if stage == 0:  # nothing sharded: full params + a full shard (= the master for fp32)
@@ -56,19 +57,23 @@ def _layout(sb, stage: int) -> dict[str, tuple[int, int]]:
         params = (c, c)
     else:
         params = (0, c)
-    # stages 0-1: the full fp32 accumulation buffer; 2-3: the reduced shard (master's dtype)
-    grads = (4, 0) if stage < 2 else (0, sb.grad)
+    # stage 0: the full reduced gradient (the master's dtype); stage 1: the full accumulation
+    # buffer (reduced at the step); stages 2-3: the reduced shard (the master's dtype)
+    grads = ((sb.grad, 0), (accum_bytes, 0))[stage] if stage < 2 else (0, sb.grad)
     optimizer = (sb.optimizer, 0) if stage == 0 else (0, sb.optimizer)
     return {"params": params, "grads": grads, "optimizer": optimizer}
 
 
 def estimate_model_state_bytes(num_params: int, world_size: int, stage: int,
-                               precision: str, compensation: bool = False) -> dict:
+                               precision: str, compensation: bool = False,
+                               accum_bytes: int | None = None) -> dict:
     """Per-rank model-state bytes for Adam under ZeRO ``stage`` (0-3).
 
     ``precision``: "fp16", "bf16" (or "mixed"), "fp32", "bf16_masters" or
     "bf16_masters_states" (zerolite/state_bytes.py); ``compensation``: the Kahan buffer of bf16
-    masters. Returns a dict with "params", "grads", "optimizer" (master apart from the shard +
+    masters; ``accum_bytes``: bytes per element of stage 1's gradient buffer (default: the
+    compute dtype's, DeepSpeed's default data_types.grad_accum_dtype; 4 with "fp32").
+    Returns a dict with "params", "grads", "optimizer" (master apart from the shard +
     Adam moments + compensation), "total" (floats, bytes) and "formula" (e.g. "4Ψ + 12Ψ/N").
     Excludes activations and stage 3's gathered units.
     """
@@ -79,7 +84,7 @@ def estimate_model_state_bytes(num_params: int, world_size: int, stage: int,
         raise ValueError("world_size must be >= 1 and num_params >= 0")
     out: dict = {}
     full = shard = 0
-    for part, (unsharded, sharded) in _layout(sb, stage).items():
+    for part, (unsharded, sharded) in _layout(sb, stage, accum_bytes or sb.compute).items():
         out[part] = float(unsharded * num_params) + sharded * num_params / world_size
         full, shard = full + unsharded, shard + sharded
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
@@ -208,8 +213,9 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
     mode, compensation = mode_of(cfg)
     sb = state_bytes(mode, compensation=compensation)
     compute_bytes = sb.compute
+    accum = None if cfg.grad_accum_torch_dtype == cfg.precision_dtype else 4
     mem = {"per_stage": {s: estimate_model_state_bytes(num_params, cfg.world_size, s, mode,
-                                                       compensation) for s in range(4)}}
+                                                       compensation, accum) for s in range(4)}}
     if model is not None:
         root, largest = _unit_sizes(model)
         live = min(num_params, root + 2 * largest)
@@ -241,8 +247,9 @@ def summarize(cfg, num_params: int | None, model=None) -> dict:
     mem["offload_optimizer_in_config"] = configured_choice(zc)
     if cfg.zerolite.reduce_once_per_step and cfg.gradient_accumulation_steps > 1 \
             and cfg.zero_optimization.stage >= 2:
-        # Full fp32 gradients of every parameter stay on each rank between micro-steps.
-        mem["reduce_once_per_step_bytes"] = 4 * num_params
+        # Full gradients of every parameter stay on each rank between micro-steps, in the
+        # gradient buffer's dtype (flat_param.py: the parameters', or fp32).
+        mem["reduce_once_per_step_bytes"] = (accum or compute_bytes) * num_params
     sparse = cfg.zerolite.sparse_gradients
     if sparse is not None and sparse.error_feedback:
         # The error-feedback residual: a full (unsharded) fp32 gradient copy per rank.
@@ -293,7 +300,7 @@ def print_summary(summary: dict) -> None:
               "chunk buffers + shards read ahead, bounded by offload_param.buffer_count)")
     print("  (cpu: on a CPU-only run device and host are the same RAM and nothing moves)")
     if "reduce_once_per_step_bytes" in mem:
-        print(f"  zerolite.reduce_once_per_step extra, full fp32 gradients kept across "
+        print(f"  zerolite.reduce_once_per_step extra, full gradients kept across "
               f"micro-steps: {_fmt(mem['reduce_once_per_step_bytes']).strip()} per rank")
     if "sparse_gradients_residual_bytes" in mem:
         print(f"  zerolite.sparse_gradients error-feedback residual, a full fp32 gradient copy "

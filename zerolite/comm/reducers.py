@@ -93,9 +93,9 @@ class GradReducer:
         pre = self.predivide
         if pre == 1.0 and flat.partitions > 1 and comm_dtype != torch.float32:
             pre = float(self.world_size)  # DeepSpeed's ZeRO averages before the sum
-        send = full_grad if pre == 1.0 else full_grad.div_(pre)
-        if comm_dtype != torch.float32:
-            send = send.to(comm_dtype)
+        send = full_grad if full_grad.dtype == comm_dtype else full_grad.to(comm_dtype)
+        if pre != 1.0:
+            send.div_(pre)  # in the comm dtype, as DeepSpeed divides
         post = pre / self.world_size
 
         def finish(result):

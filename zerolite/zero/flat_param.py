@@ -102,6 +102,11 @@ class FlatParam:
         self.grad_accum_dtype = grad_accum_dtype
         """The precision this flat's gradients are kept at between micro-steps and after
         their reduction ([Note: gradient precision])."""
+        self.grad_buffer_dtype = (compute_dtype if grad_accum_dtype == compute_dtype
+                                  else torch.float32)
+        """dtype of the full gradient buffer: the parameters' own where gradients are kept
+        at their precision (DeepSpeed's default; half the bytes of fp32 in 16-bit training),
+        else fp32, rounded to `grad_accum_dtype` where it accumulates."""
         device = params[0][1].device
         slots, offset = [], 0
         for names, p in params:
@@ -284,13 +289,15 @@ class FlatParam:
     # communication_data_type (default: the training dtype too): stages 0-1 add each
     # micro-step's gradient to the local sum in that dtype and reduce the sum once; stages 2-3
     # reduce every micro-step and add the reduced shard to the accumulated one in that dtype;
-    # the optimizer gets the fp32 value of the result. zerolite's buffers stay fp32 and are
-    # rounded to `grad_accum_dtype` wherever DeepSpeed's would round (an fp32 add then a
-    # rounding is what torch's 16-bit add does), so a step gets DeepSpeed's gradient bit for
-    # bit; `data_types.grad_accum_dtype: "fp32"` and `communication_data_type: "fp32"` keep
-    # every bit of the sums, as they do there.
+    # the optimizer gets the fp32 value of the result. zerolite's full gradient buffer has
+    # that dtype when it is the parameters' (else fp32), and the fp32 gradient shards are
+    # rounded to it wherever DeepSpeed's would round (an fp32 add then a rounding is what
+    # torch's 16-bit add does), so a step gets DeepSpeed's gradient bit for bit;
+    # `data_types.grad_accum_dtype: "fp32"` and `communication_data_type: "fp32"` keep every
+    # bit of the sums, as they do there.
     def round_grad_(self, grad: torch.Tensor) -> torch.Tensor:
-        """Round the fp32 `grad` in place to `grad_accum_dtype` (Note above)."""
+        """Round the fp32 `grad` in place to `grad_accum_dtype` (Note above); a buffer of
+        that dtype already is."""
         if grad.dtype == torch.float32 and self.grad_accum_dtype != torch.float32:
             grad.copy_(grad.to(self.grad_accum_dtype))
         return grad
@@ -304,7 +311,7 @@ class FlatParam:
             # Every slot is written exactly once per backward (each param's grad hook fires
             # once), so only the padding needs zeros; untouched slots are zeroed when the
             # flat's grads are complete (`zero_missing_slots`).
-            self.grad_buffer = self.pool.take(self.padded_numel, torch.float32,
+            self.grad_buffer = self.pool.take(self.padded_numel, self.grad_buffer_dtype,
                                               self.device)
             self.grad_buffer[self.numel:].zero_()
             self._slot_written = [False] * len(self.slots)
