@@ -185,7 +185,7 @@ def test_bad_include_exits_2_via_cli(tmp_path):
 
 # -- check-config --------------------------------------------------------------------------
 @pytest.mark.parametrize("precision, formulas", [
-    ("bf16", ["20Ψ", "4Ψ + 14Ψ/N", "2Ψ + 18Ψ/N", "18Ψ/N"]),
+    ("bf16", ["18Ψ", "4Ψ + 14Ψ/N", "2Ψ + 18Ψ/N", "18Ψ/N"]),
     ("fp32", ["20Ψ", "8Ψ + 12Ψ/N", "4Ψ + 16Ψ/N", "16Ψ/N"]),
 ])
 def test_estimator_formulas(precision, formulas):

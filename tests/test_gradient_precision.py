@@ -16,9 +16,9 @@ import torch
 import zerolite
 from zerolite.config import TORCH_DTYPES, load_config
 from zerolite.errors import ZeroliteConfigError
-from zerolite.testing.bf16_reference import train_bf16_master_reference
+from zerolite.testing.bf16_reference import combine_gradients, train_bf16_master_reference
 from zerolite.testing.multiprocess import run_ranks
-from zerolite.testing.reference import train_engine
+from zerolite.testing.reference import rank_micro_batches, train_engine
 from zerolite.zero.sharded_model import gather_full_state_dict
 
 from gpt_cases import CLIP, adamw, batches, ds_config, tiny_gpt
@@ -97,3 +97,55 @@ def test_both_dtypes_default_to_the_training_dtype():
             cfg[mode] = {"enabled": True}
         config = load_config(cfg, 1)
         assert config.grad_accum_torch_dtype is dtype and config.communication_torch_dtype is dtype
+
+
+def _param_grads(rank, world, stage):
+    """p.grad after every backward of two steps (accumulation 2, bf16), then the weights."""
+    model = tiny_gpt()
+    cfg = ds_config(world, stage=stage, bf16=True, gas=2)
+    cfg["optimizer"]["params"]["torch_adam"] = True
+    engine, *_ = zerolite.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    seen = []
+    for batch in batches(2):
+        for x, y in rank_micro_batches(batch, rank, world, 2):
+            engine.backward(engine(x, y))
+            seen.append({n: None if p.grad is None else p.grad.clone()
+                         for n, p in engine.module.named_parameters()})
+            boundary = engine.is_gradient_accumulation_boundary()
+            engine.step()
+            if boundary:  # the step took them
+                assert all(p.grad is None for p in engine.module.parameters())
+    return seen
+
+
+def _bf16_piece_grads(batch, world, gas):
+    """Plain torch: each (rank, micro-step) piece's bf16 gradient of loss / gas, by name."""
+    work = tiny_gpt().to(torch.bfloat16)
+    out = []
+    for r in range(world):
+        for x, y in rank_micro_batches(batch, r, world, gas):
+            (work(x, y) / gas).backward()
+            out.append({n: p.grad.clone() for n, p in work.named_parameters()})
+            work.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_param_grad_after_backward_in_bf16(stage):
+    """Stage 0: this rank's bf16 sum after the first micro-step, the bf16 average after the
+    boundary's backward (DeepSpeed's p.grad); stage 1: the local sum, then None. Checked
+    against plain torch on the first step (before any update)."""
+    seen = [run_ranks(_param_grads, WORLD, stage)[r] for r in range(WORLD)]
+    pieces = _bf16_piece_grads(batches(2)[0], WORLD, 2)
+    for rank in range(WORLD):
+        first, boundary = seen[rank][0], seen[rank][1]
+        for name, got in first.items():
+            assert got is not None and got.dtype == torch.bfloat16, name
+            assert torch.equal(got, pieces[rank * 2][name]), name
+        for name, got in boundary.items():
+            if stage == 1:
+                assert got is None, name
+                continue
+            want = combine_gradients([p[name] for p in pieces], world=WORLD, gas=2, stage=0,
+                                     comm_dtype=torch.bfloat16, accum_dtype=torch.bfloat16)
+            assert got.dtype == torch.bfloat16 and torch.equal(got.float(), want), name

@@ -32,8 +32,8 @@ def _measure(rank, world, stage, bf16):
                 flats = engine.sharded.flats
                 grads = sum(f.master.grad.numel() * f.master.grad.element_size()
                             for f in flats if f.master is not None and f.master.grad is not None)
-                grads += sum(f.grad_buffer.numel() * f.grad_buffer.element_size()
-                             for f in flats if f.grad_buffer is not None)
+                grads += sum(t.numel() * t.element_size() for f in flats
+                             for t in (f.grad_buffer, f.reduced_grad) if t is not None)
                 ms = engine.memory_stats()
             engine.step()
     return num_params, grads, ms

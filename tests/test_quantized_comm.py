@@ -33,6 +33,7 @@ class FakeFlat:
         self.secondary = None  # no hpZ secondary shard held
         self.comm_dtype = None  # the reducer's own dtype
         self.fetch_dtype = None  # gathers in the compute dtype
+        self.keeps_reduced_grad = False  # stage 0 in 16 bit only (flat_param.py)
 
     def alloc_full(self):
         return self.full

@@ -498,10 +498,7 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         """Safe at any time: accumulated shard grads are cleared by step() itself, so this
         only drops grads left over outside an accumulation window."""
         if self.micro_steps % self.gradient_accumulation_steps() == 0:
-            self.sharded.hide_param_grads()
-            for flat in self.sharded.flats:
-                if flat.master is not None:
-                    flat.master.grad = None
+            self.sharded.drop_grads()
 
     # -- modes and pass-through --------------------------------------------------------
     def train(self, mode: bool = True):
@@ -578,10 +575,12 @@ class ZeroEngine(DeepSpeedAccessors, nn.Module):
         shard = sum(f.shard.numel() * f.shard.element_size() for f in self.sharded.flats)
         master = sum(f.master_nbytes() for f in self.sharded.flats)
         # reduced gradient shards waiting for the step, in the masters' dtype (on the host
-        # with offload_optimizer 'cpu': counted under "host")
+        # with offload_optimizer 'cpu': counted under "host"), and stage 0's held 16-bit ones
         grads = sum(f.master.grad.numel() * f.master.grad.element_size()
                     for f in self.sharded.flats if f.master is not None and f.master.grad is not None
                     and f.placement.master_home is not MasterHome.HOST)
+        grads += sum(f.reduced_grad.numel() * f.reduced_grad.element_size()
+                     for f in self.sharded.flats if f.reduced_grad is not None)
         if isinstance(self.basic_optimizer, ChunkedOffloadOptimizer):
             master += self.basic_optimizer.master_resident_nbytes()  # swapped-out masters' rest
             optim = self.basic_optimizer.resident_state_nbytes()  # its chunk buffers

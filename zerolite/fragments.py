@@ -151,8 +151,8 @@ class TensorFragments:
         (`master.grad`): gradients still in full buffers (stage 1, reduce_once_per_step) are
         reduced now, as the step would (the sum is linear: the step adds what comes later)."""
         flats = self.sharded.flats
-        if not any(f.grad_buffer is not None or (f.master is not None and f.master.grad is not None)
-                   for f in flats):
+        if not any(f.grad_buffer is not None or f.reduced_grad is not None
+                   or (f.master is not None and f.master.grad is not None) for f in flats):
             raise ValueError(f"{GRADS_UNAVAILABLE} (zerolite: at every ZeRO stage, "
                              "accumulated over the micro-steps of the window so far)")
         self.sharded.reduce_pending_grads()

@@ -1581,15 +1581,18 @@ def torch_adam_defaults(tmp):
 
 def param_grad_after_backward(tmp):
     """What `p.grad` holds after engine.backward (accumulation 2) at stages 0-3 and in bf16 at
-    stage 0: None, or its norm (a program clipping or logging gradients by hand reads it); and
-    a program that clips p.grad by hand before each step at stage 0 (SGD, so the clip shows)."""
+    stages 0-1: None, or its norm (a program clipping or logging gradients by hand reads it);
+    and a program that clips p.grad by hand before each step at stage 0, in fp32 and bf16 (SGD,
+    so the clip shows)."""
     rec = {}
-    for name, stage, extra in (("stage0", 0, {}), ("stage1", 1, {}), ("stage2", 2, {}),
-                               ("stage3", 3, {}), ("bf16_stage0", 0, {"bf16": {"enabled": True}}),
-                               ("stage0_clipped_by_hand", 0, None)):
-        hand_clip = extra is None
+    bf16 = {"bf16": {"enabled": True}}
+    for name, stage, extra, hand_clip in (
+            ("stage0", 0, {}, False), ("stage1", 1, {}, False), ("stage2", 2, {}, False),
+            ("stage3", 3, {}, False), ("bf16_stage0", 0, bf16, False),
+            ("bf16_stage1", 1, bf16, False), ("stage0_clipped_by_hand", 0, {}, True),
+            ("bf16_stage0_clipped_by_hand", 0, bf16, True)):
         opt = {"type": "SGD", "params": {"lr": 0.1}} if hand_clip else adamw()
-        engine = initialized(mlp, config(stage, gas=2, optimizer=opt, **(extra or {})))
+        engine = initialized(mlp, config(stage, gas=2, optimizer=opt, **extra))
         seen = []
         for x, y in batches(4, 2):
             out = engine(x.bfloat16() if extra else x)

@@ -23,9 +23,9 @@ engine.memory_stats() of real runs (tests/test_memory_estimate.py):
     (zerolite/state_bytes.py holds the table)
 
 Note: the ZeRO paper's table (16Ψ at stage 0, 16Ψ/N at stage 3 with 16-bit grads) is
-DeepSpeed's accounting. zerolite differs in two places: the reduced gradient is fp32 (rounded to
-the accumulation dtype where DeepSpeed's 16-bit one rounds: +2Ψ at stage 0, +2Ψ/N at stages
-2-3 in mixed precision; stage 1 accumulates in the parameters' dtype, as DeepSpeed), and at stages 0-2 the full compute-dtype params sit
+DeepSpeed's accounting. zerolite differs in two places: the reduced gradient shard is fp32 at
+stages 2-3 (rounded to the accumulation dtype where DeepSpeed's 16-bit one rounds: +2Ψ/N in
+mixed precision; stages 0-1 keep the full gradient in the parameters' dtype, as DeepSpeed), and at stages 0-2 the full compute-dtype params sit
 next to the shard (stage 0: one extra full copy; stages 1-2: an extra 1/N).
 
 Stage 3 also holds the units gathered at the moment (reported separately), and with hpZ
@@ -57,9 +57,10 @@ def _layout(sb, stage: int, accum_bytes: int) -> dict[str, tuple[int, int]]:
         params = (c, c)
     else:
         params = (0, c)
-    # stage 0: the full reduced gradient (the master's dtype); stage 1: the full accumulation
-    # buffer (reduced at the step); stages 2-3: the reduced shard (the master's dtype)
-    grads = ((sb.grad, 0), (accum_bytes, 0))[stage] if stage < 2 else (0, sb.grad)
+    # stages 0-1: the full gradient in its buffer between backward and step (stage 0 turns it
+    # into the master's fp32 one at the step, as DeepSpeed's fp16/bf16 optimizer does); stages
+    # 2-3: the reduced shard (the master's dtype)
+    grads = (accum_bytes, 0) if stage < 2 else (0, sb.grad)
     optimizer = (sb.optimizer, 0) if stage == 0 else (0, sb.optimizer)
     return {"params": params, "grads": grads, "optimizer": optimizer}
 
@@ -71,7 +72,7 @@ def estimate_model_state_bytes(num_params: int, world_size: int, stage: int,
 
     ``precision``: "fp16", "bf16" (or "mixed"), "fp32", "bf16_masters" or
     "bf16_masters_states" (zerolite/state_bytes.py); ``compensation``: the Kahan buffer of bf16
-    masters; ``accum_bytes``: bytes per element of stage 1's gradient buffer (default: the
+    masters; ``accum_bytes``: bytes per element of stages 0-1's gradient buffer (default: the
     compute dtype's, DeepSpeed's default data_types.grad_accum_dtype; 4 with "fp32").
     Returns a dict with "params", "grads", "optimizer" (master apart from the shard +
     Adam moments + compensation), "total" (floats, bytes) and "formula" (e.g. "4Ψ + 12Ψ/N").

@@ -101,9 +101,15 @@ class GradReducer:
         def finish(result):
             return result.float().mul_(post) if post != 1.0 else result.float()
 
+        def finish_in_place(result):
+            # stage 0 in 16 bit: scaled in the dtype it was summed in, as DeepSpeed's engine
+            # scales its all-reduced p.grad; the full buffer itself, which the flat keeps
+            return result.mul_(post) if post != 1.0 else result
+
         if flat.partitions == 1:
             self._count("all_reduce", send)
-            return PendingReduce(all_reduce_sum(send, async_op=True), send, finish)
+            return PendingReduce(all_reduce_sum(send, async_op=True), send,
+                                 finish_in_place if flat.keeps_reduced_grad else finish)
         if self.scatter_method == "all_reduce":
             def finish_slice(result):
                 shard = flat.local_shard_of(result).to(torch.float32, copy=True)

@@ -70,7 +70,7 @@ class FlatParam:
                  master_dtype: torch.dtype = torch.float32,
                  secondary_partitions: int = 1, secondary_rank: int = 0,
                  comm_dtype: torch.dtype | None = None, fetch_dtype: torch.dtype | None = None,
-                 grad_accum_dtype: torch.dtype = torch.float32):
+                 grad_accum_dtype: torch.dtype = torch.float32, keeps_reduced_grad: bool = False):
         self.params = [p for _, p in params]
         self.requires_grad = params[0][1].requires_grad
         self.group_index = group_index
@@ -107,6 +107,11 @@ class FlatParam:
         """dtype of the full gradient buffer: the parameters' own where gradients are kept
         at their precision (DeepSpeed's default; half the bytes of fp32 in 16-bit training),
         else fp32, rounded to `grad_accum_dtype` where it accumulates."""
+        self.keeps_reduced_grad = keeps_reduced_grad
+        """Stage 0 in 16 bit: the averaged gradient stays in its 16-bit buffer (`reduced_grad`,
+        where `p.grad` shows it, as DeepSpeed's p.grad holds it) until the step hands it to the
+        master (`hand_reduced_grad`)."""
+        self.reduced_grad: torch.Tensor | None = None
         device = params[0][1].device
         slots, offset = [], 0
         for names, p in params:
@@ -280,8 +285,29 @@ class FlatParam:
         return self.placement.master.resident_nbytes(self)
 
     def take_grad_shard(self, shard: torch.Tensor, name: str) -> None:
-        """A reduced fp32 gradient shard for the master (added to one already there)."""
+        """A reduced gradient shard for the master (added to one already there); stage 0's
+        16-bit one is held as `reduced_grad` (keeps_reduced_grad)."""
+        if self.keeps_reduced_grad and shard.dtype == self.grad_buffer_dtype:
+            if self.reduced_grad is None:
+                self.reduced_grad = shard  # the pooled buffer, reduced in place
+            else:  # a second backward on the boundary: added as DeepSpeed's p.grad adds it
+                self.reduced_grad.add_(shard)
+                self.pool.give(shard)
+            return
         self.placement.master.take_grad_shard(self, shard, name)
+
+    def hand_reduced_grad(self) -> None:
+        """The held 16-bit averaged gradient to the master (fp32); its buffer goes back to
+        the pool, so `p.grad` must not view it any more."""
+        if self.reduced_grad is not None:
+            buf, self.reduced_grad = self.reduced_grad, None
+            self.placement.master.take_grad_shard(self, buf, "stage-0 gradient")
+            self.pool.give(buf)
+
+    def drop_reduced_grad(self) -> None:
+        if self.reduced_grad is not None:
+            self.pool.give(self.reduced_grad)
+            self.reduced_grad = None
 
     # -- gradients ---------------------------------------------------------------------
     # [Note: gradient precision] DeepSpeed keeps gradients in data_types.grad_accum_dtype

@@ -178,9 +178,9 @@ class ShardedModel:
         """dtype of the masters and their gradient shards (fp32, or bf16 masters)."""
         self.comm_dtypes = comm_dtypes or {}
         self.grad_accum_dtype = grad_accum_dtype
-        self.shows_param_grads = self.stage <= 1 and compute_dtype == torch.float32
-        """Stages 0-1 in fp32: `p.grad` shows the gradient after a backward
-        (show_param_grads)."""
+        self.shows_param_grads = self.stage <= 1 and grad_accum_dtype == compute_dtype
+        """Stages 0-1 accumulating in the parameters' dtype (DeepSpeed's default): `p.grad`
+        shows the gradient after a backward (show_param_grads)."""
         self.reducer = reducer or GradReducer(world_size)
         self.gatherer = gatherer or ParamGatherer()
         apply_leaf_module_config(module, options.leaf_module, DEFAULT_LEAF_MODULE_CLASSES)
@@ -275,7 +275,9 @@ class ShardedModel:
                            secondary_partitions=hpz.size if hpz else 1,
                            secondary_rank=hpz.position if hpz else 0, comm_dtype=comm,
                            fetch_dtype=fetch_dtype(ui, comm),
-                           grad_accum_dtype=self.grad_accum_dtype)
+                           grad_accum_dtype=self.grad_accum_dtype,
+                           keeps_reduced_grad=(self.stage == 0 and self.shows_param_grads
+                                               and self.compute_dtype != torch.float32))
                  for (group, _, comm), items in unit_buckets]
                 for ui, unit_buckets in enumerate(buckets)]
 
@@ -471,38 +473,60 @@ class ShardedModel:
     # all-reduced average (after the boundary's), until the step; its stage 1 the local sum
     # between micro-steps (None after the boundary's backward). A program may read it or clip
     # it in place, and the step uses what it finds. Here the gradients live in the flats'
-    # buffers, so in fp32 `p.grad` is pointed at the parameter's slot of the buffer the step
-    # will use (the accumulation buffer, then stage 0's reduced gradient): an in-place change
-    # is the change the step sees. Every backward starts with `p.grad` None
-    # (hide_param_grads), so autograd hands the hooks the new gradient alone and never adds
-    # into the buffer behind their back; the step (and zero_grad) ends with None, as
-    # DeepSpeed's zero_grad. bf16/fp16 (a parameter and its fp32 gradient differ in dtype) and
-    # stages 2-3 keep `p.grad` None, as DeepSpeed's stages 2-3 do.
+    # buffers, which have the parameters' dtype when gradients accumulate in it (DeepSpeed's
+    # default, [Note: gradient precision] in flat_param.py), so `p.grad` is pointed at the
+    # parameter's slot of the buffer the step will use (the accumulation buffer, then stage
+    # 0's reduced gradient: the fp32 master's in fp32, the held 16-bit buffer in bf16/fp16,
+    # which the step turns into the master's fp32 gradient): an in-place change is the change
+    # the step sees. Every backward starts with `p.grad` None (hide_param_grads), so autograd
+    # hands the hooks the new gradient alone and never adds into the buffer behind their back;
+    # the step (and zero_grad) ends with None, as DeepSpeed's zero_grad. Reading gradients
+    # through the tensor-fragment API hands stage 0's held gradient to the master early, and
+    # `p.grad` is None from then on. Another data_types.grad_accum_dtype (the buffer is then
+    # fp32) and stages 2-3 keep `p.grad` None, as DeepSpeed's stages 2-3 do.
     def show_param_grads(self) -> None:
-        """After a backward at stages 0-1 in fp32: each trainable parameter's `.grad` views
-        its gradient ([Note: p.grad at stages 0-1])."""
+        """After a backward at stages 0-1: each trainable parameter's `.grad` views its
+        gradient ([Note: p.grad at stages 0-1])."""
         if not self.shows_param_grads or (self.stage == 1 and self.grad_sync.at_boundary):
             return
         for flat in self.flats:
             if flat.master is None:
                 continue
-            source = flat.grad_buffer if flat.grad_buffer is not None else flat.master.grad
-            if source is None or source.device != flat.device:
+            source = next((t for t in (flat.grad_buffer, flat.reduced_grad, flat.master.grad)
+                           if t is not None), None)
+            if source is None or source.device != flat.device \
+                    or source.dtype != flat.compute_dtype:
                 continue
             for slot, p in zip(flat.slots, flat.params):
                 p.grad = slot.view(source)
 
     def hide_param_grads(self) -> None:
-        """Before a backward and after the step: `p.grad` back to None (stages 0-1 in fp32)."""
+        """Before a backward and after the step: `p.grad` back to None (stages 0-1)."""
         if self.shows_param_grads:
             for flat in self.flats:
                 for p in flat.params:
                     p.grad = None
 
     def reduce_deferred_grads(self) -> None:
-        """Stage 1: the once-per-step reduce-scatter of the accumulated full gradients."""
+        """At the step: stage 1's once-per-step reduce-scatter of the accumulated full
+        gradients; stage 0's held 16-bit gradients to the masters."""
         if self.grad_sync.reduce_at_optimizer_step:
             self.reduction.drain(self.units)
+        self._hand_reduced_grads()
+
+    def _hand_reduced_grads(self) -> None:
+        self.hide_param_grads()  # they may view the held buffers, which go back to the pool
+        for flat in self.flats:
+            flat.hand_reduced_grad()
+
+    def drop_grads(self) -> None:
+        """Forget this window's gradients (zero_grad outside a window): p.grad, the held
+        16-bit ones and the masters'."""
+        self.hide_param_grads()
+        for flat in self.flats:
+            flat.drop_reduced_grad()
+            if flat.master is not None:
+                flat.master.grad = None
 
     @torch.no_grad()
     def zero_missing_grads(self) -> None:
@@ -523,6 +547,7 @@ class ShardedModel:
         reduce_once_per_step between boundaries) and wait for host copies: the tensor-fragment
         API reads the reduced shards. Later micro-steps are added to them, as at the step."""
         self.reduction.drain(self.units)
+        self._hand_reduced_grads()
         self.settle_host_copies()
 
     def empty_cache(self) -> None:
