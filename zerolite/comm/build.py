@@ -7,7 +7,6 @@ from zerolite.comm.sparse import SparseGradReducer
 from zerolite.comm.streamed import StreamedGatherer, StreamedReducer
 
 
-
 def build_grad_reducer(config, world_size: int, layer=None, wire=None):
     """Exact reducer (optionally 16-bit on the wire), or ZeRO++ qgZ when
     `zero_optimization.zero_quantized_gradients` is on (bits, block size and error feedback
