@@ -121,7 +121,8 @@ def run_sft(a):
     samples = tok.batch_decode(out[:, prompts["input_ids"].shape[1]:], skip_special_tokens=True)
     return {"log": trainer.state.log_history, "before": before, "during": during,
             "after": param_facts(engine), "samples": samples,
-            "buffers": {n: str(b.dtype) for n, b in engine.module.named_buffers()},
+            "buffers": {n: str(b.dtype) for n, b in
+                        getattr(engine, "module", engine).named_buffers()},  # plain: the model
             "checkpointing": trainer.model.is_gradient_checkpointing}
 
 
