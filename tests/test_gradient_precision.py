@@ -16,7 +16,8 @@ import torch
 import zerolite
 from zerolite.config import TORCH_DTYPES, load_config
 from zerolite.errors import ZeroliteConfigError
-from zerolite.testing.bf16_reference import combine_gradients, train_bf16_master_reference
+from zerolite.testing.bf16_reference import (combine_gradients, piece_gradients,
+                                              train_bf16_master_reference)
 from zerolite.testing.multiprocess import run_ranks
 from zerolite.testing.reference import rank_micro_batches, train_engine
 from zerolite.zero.sharded_model import gather_full_state_dict
@@ -121,13 +122,9 @@ def _param_grads(rank, world, stage):
 def _bf16_piece_grads(batch, world, gas):
     """Plain torch: each (rank, micro-step) piece's bf16 gradient of loss / gas, by name."""
     work = tiny_gpt().to(torch.bfloat16)
-    out = []
-    for r in range(world):
-        for x, y in rank_micro_batches(batch, r, world, gas):
-            (work(x, y) / gas).backward()
-            out.append({n: p.grad.clone() for n, p in work.named_parameters()})
-            work.zero_grad(set_to_none=True)
-    return out
+    names = [n for n, _ in work.named_parameters()]  # the distinct parameters, in order
+    _, grads = piece_gradients(work, batch, lambda m, x, y: m(x, y), world=world, gas=gas)
+    return [dict(zip(names, g)) for g in grads]
 
 
 @pytest.mark.parametrize("stage", [0, 1])

@@ -36,6 +36,23 @@ def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype).float()
 
 
+def piece_gradients(work: nn.Module, batch, loss_fn, *, world: int, gas: int):
+    """Plain torch over the global batch's world x gas pieces (rank-major: piece r*gas + k is
+    rank r's micro-step k): each piece's loss (a float) and its gradient of loss / gas in the
+    module's dtype (zeros where a parameter got none), one list per piece in the order of
+    the module's distinct parameters."""
+    params = list(dict.fromkeys(work.parameters()))
+    losses, grads = [], []
+    for x, y in split_rows(batch, world * gas):
+        loss = loss_fn(work, x, y)
+        (loss / gas).backward()  # as engine.backward divides it
+        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                      for p in params])
+        work.zero_grad(set_to_none=True)
+        losses.append(loss.float().item())
+    return losses, grads
+
+
 def combine_gradients(grads, *, world: int, gas: int, stage: int, comm_dtype: torch.dtype,
                       accum_dtype: torch.dtype) -> torch.Tensor:
     """One parameter's gradient for the step, from `grads[r * gas + k]` (rank r's micro-step
@@ -94,15 +111,8 @@ def train_bf16_master_reference(model: nn.Module, batches, loss_fn, make_optimiz
                       accum_dtype=accum_dtype or dtype)
     losses = []
     for batch in batches:
-        per_piece = []
-        total = 0.0
-        for x, y in split_rows(batch, world * gas):
-            loss = loss_fn(work, x, y)
-            (loss / gas).backward()
-            per_piece.append([torch.zeros_like(p, dtype=torch.float32) if p.grad is None
-                              else p.grad.float() for p in work_params])
-            work.zero_grad(set_to_none=True)
-            total += loss.float().item()
+        piece_losses, per_piece = piece_gradients(work, batch, loss_fn, world=world, gas=gas)
+        total = sum(piece_losses)
         for i, m in enumerate(masters):
             m.grad = combine_gradients([g[i] for g in per_piece], **arithmetic)
         if clip > 0:
